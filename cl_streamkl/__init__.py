@@ -1,0 +1,8 @@
+"""cl-streamkl: streaming attention-KL distillation for continual learning with vision transformers."""
+
+from cl_streamkl.attention_kl import AttentionKLDivLoss, attention_kl
+from cl_streamkl.kernels.reference import attention_kl_reference
+
+__version__ = "0.1.0"
+
+__all__ = ["AttentionKLDivLoss", "attention_kl", "attention_kl_reference", "__version__"]

@@ -1,0 +1,159 @@
+"""Public entry points: :func:`attention_kl` and :class:`AttentionKLDivLoss`."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from cl_streamkl.kernels.torch_streaming import attention_kl_rows_torch
+from cl_streamkl.kernels.validation import check_inputs, check_options, reduce_rows
+
+
+def _resolve_backend(backend: str, device: torch.device) -> str:
+    if backend == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    if backend == "triton" and device.type != "cuda":
+        from cl_streamkl.kernels.triton_kl import INTERPRETING
+
+        if device.type != "cpu" or not INTERPRETING:
+            raise ValueError(
+                f"backend='triton' needs CUDA tensors (or CPU tensors with TRITON_INTERPRET=1 set "
+                f"before triton is imported); got tensors on {device}. Use backend='torch' instead."
+            )
+    return backend
+
+
+def attention_kl(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_teacher: torch.Tensor,
+    k_teacher: torch.Tensor,
+    *,
+    scale: float | None = None,
+    teacher_scale: float | None = None,
+    temperature: float = 1.0,
+    causal: bool = False,
+    reduction: str = "mean",
+    backend: str = "auto",
+) -> torch.Tensor:
+    """KL(P_teacher ‖ P_student) between two attention distributions, never materialised.
+
+    P_student = softmax(q kᵀ · scale / temperature) over keys and P_teacher =
+    softmax(q_teacher k_teacherᵀ · teacher_scale / temperature). The value is
+    computed per (b, h, query row) in float32. There is no T² factor inside:
+    multiply by ``temperature**2`` yourself if you want Hinton-style scaling.
+
+    Args:
+        q: student queries, (B, H, Nq, Ds).
+        k: student keys, (B, H, Nk, Ds).
+        q_teacher: teacher queries, (B, H, Nq, Dt); Dt may differ from Ds.
+        k_teacher: teacher keys, (B, H, Nk, Dt).
+            All four share dtype (float32, float16 or bfloat16) and device. The last
+            dimension must have stride 1; any other strides are read in place (timm's
+            q/k views of one permuted qkv tensor need no copy). Head dims up to 256.
+        scale: student softmax scale, default Ds**-0.5.
+        teacher_scale: teacher softmax scale, default Dt**-0.5.
+        temperature: divides both score matrices; must be > 0.
+        causal: mask key j > query i (needs Nq == Nk).
+        reduction: "none" → (B, H, Nq); "sum"; "mean" (over all B·H·Nq rows);
+            "batchmean" (sum / B).
+        backend: "triton" (fused kernels; CUDA, or CPU under TRITON_INTERPRET=1),
+            "torch" (pure-PyTorch streaming over key chunks) or "auto" (triton on
+            CUDA, torch otherwise).
+
+    Returns:
+        A float32 tensor: (B, H, Nq) for reduction="none", else a scalar. Gradients
+        flow to q and k, and to q_teacher/k_teacher when they require grad (mutual
+        distillation); a frozen teacher costs no teacher-gradient work.
+
+    Raises:
+        TypeError: a tensor argument is not a tensor, or dtypes are unsupported or mixed.
+        ValueError: shapes, devices, strides or options do not fit the contract above.
+
+    Example:
+        >>> q, k = torch.randn(2, 4, 197, 64), torch.randn(2, 4, 197, 64)
+        >>> qt, kt = torch.randn(2, 4, 197, 64), torch.randn(2, 4, 197, 64)
+        >>> attention_kl(q, k, qt, kt).shape
+        torch.Size([])
+    """
+    problem = check_inputs(
+        q,
+        k,
+        q_teacher,
+        k_teacher,
+        scale=scale,
+        teacher_scale=teacher_scale,
+        temperature=temperature,
+        causal=causal,
+        reduction=reduction,
+        backend=backend,
+    )
+    if _resolve_backend(backend, q.device) == "triton":
+        from cl_streamkl.kernels.triton_kl import attention_kl_rows_triton
+
+        row_kl = attention_kl_rows_triton(q, k, q_teacher, k_teacher, problem)
+    else:
+        row_kl = attention_kl_rows_torch(q, k, q_teacher, k_teacher, problem)
+    return reduce_rows(row_kl, reduction)
+
+
+class AttentionKLDivLoss(nn.Module):
+    """Module form of :func:`attention_kl`; the keyword options are fixed at construction.
+
+    Example:
+        >>> loss_fn = AttentionKLDivLoss(temperature=2.0, reduction="batchmean")
+        >>> loss = loss_fn(q, k, q_teacher, k_teacher)
+    """
+
+    def __init__(
+        self,
+        *,
+        scale: float | None = None,
+        teacher_scale: float | None = None,
+        temperature: float = 1.0,
+        causal: bool = False,
+        reduction: str = "mean",
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        check_options(
+            scale=scale,
+            teacher_scale=teacher_scale,
+            temperature=temperature,
+            causal=causal,
+            reduction=reduction,
+            backend=backend,
+        )
+        self.scale = scale
+        self.teacher_scale = teacher_scale
+        self.temperature = temperature
+        self.causal = causal
+        self.reduction = reduction
+        self.backend = backend
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        q_teacher: torch.Tensor,
+        k_teacher: torch.Tensor,
+    ) -> torch.Tensor:
+        """See :func:`attention_kl` for shapes and the returned value."""
+        return attention_kl(
+            q,
+            k,
+            q_teacher,
+            k_teacher,
+            scale=self.scale,
+            teacher_scale=self.teacher_scale,
+            temperature=self.temperature,
+            causal=self.causal,
+            reduction=self.reduction,
+            backend=self.backend,
+        )
+
+    def extra_repr(self) -> str:
+        return (
+            f"temperature={self.temperature}, causal={self.causal}, "
+            f"reduction={self.reduction!r}, backend={self.backend!r}"
+        )

@@ -1,0 +1,13 @@
+"""StreamKL kernels: the fused Triton primitive, the PyTorch streaming backend and the reference."""
+
+from cl_streamkl.kernels.reference import attention_kl_reference
+from cl_streamkl.kernels.torch_streaming import attention_kl_rows_torch
+from cl_streamkl.kernels.validation import AttentionKLProblem, check_inputs, reduce_rows
+
+__all__ = [
+    "AttentionKLProblem",
+    "attention_kl_reference",
+    "attention_kl_rows_torch",
+    "check_inputs",
+    "reduce_rows",
+]

@@ -1,0 +1,699 @@
+"""Fused Triton attention KL: KL(softmax(s_t) ‖ softmax(s_s)) per query row, never materialised.
+
+Read top to bottom: the Triton kernels (forward, backward for query-side and
+key-side gradients), the launchers that pick block sizes and grids, the
+``torch.library`` custom ops (so ``torch.compile(fullgraph=True)`` traces
+through) with their autograd formula, and the entry point used by
+:func:`cl_streamkl.attention_kl`.
+
+Math (base 2 inside the kernels: u = s·log2(e)):
+    forward  per row i:  KL_i = Σ_j p_t (s_t − s_s) − lse_t + lse_s, accumulated online
+    backward dS_student = g·(P_s − P_t)·scale_s/T,
+             dS_teacher = g·P_t·(log P_t − log P_s − KL_i)·scale_t/T (only when asked)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from cl_streamkl.kernels.validation import AttentionKLProblem
+
+LOG2_E = 1.4426950408889634
+# Read once, as triton does: the interpreter is chosen when kernels are defined.
+INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@triton.jit
+def _dot(a, b, DOT_PRECISION: tl.constexpr):
+    """a @ b with fp32 accumulation; DOT_PRECISION is "ieee", "tf32" or "upcast"."""
+    if DOT_PRECISION == "upcast":
+        # Triton's CPU interpreter multiplies bfloat16 operands as raw uint16 bits
+        # (triton 3.8); exact fp32 products of the same bf16 values sidestep it.
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b, input_precision=DOT_PRECISION)
+
+
+
+@triton.jit
+def _attention_kl_fwd_kernel(
+    Q,  # [B, H, Nq, Ds]
+    K,  # [B, H, Nk, Ds]
+    QT,  # [B, H, Nq, Dt]
+    KT,  # [B, H, Nk, Dt]
+    ROW_KL,  # [B, H, Nq] float32, contiguous
+    LSE_S,  # [B, H, Nq] float32, contiguous, base 2
+    LSE_T,  # [B, H, Nq] float32, contiguous, base 2
+    stride_qb, stride_qh, stride_qn,
+    stride_kb, stride_kh, stride_kn,
+    stride_qtb, stride_qth, stride_qtn,
+    stride_ktb, stride_kth, stride_ktn,
+    num_heads, n_q, n_k, d_s, d_t,
+    scale_s_log2,  # scale_s / T · log2(e)
+    scale_t_log2,  # scale_t / T · log2(e)
+    N_Q_BUCKET, N_K_BUCKET,  # autotune keys only
+    CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_DS: tl.constexpr,
+    BLOCK_DT: tl.constexpr,
+):
+    query_tiles = tl.cdiv(n_q, BLOCK_M)
+    pid = tl.program_id(0)
+    pid_m = pid % query_tiles
+    pid_bh = (pid // query_tiles).to(tl.int64)
+    batch = pid_bh // num_heads
+    head = pid_bh % num_heads
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows64 = rows.to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    dims_s = tl.arange(0, BLOCK_DS)
+    dims_t = tl.arange(0, BLOCK_DT)
+    row_ok = rows < n_q
+
+    q = tl.load(
+        Q + batch * stride_qb + head * stride_qh + rows64[:, None] * stride_qn + dims_s[None, :],
+        mask=row_ok[:, None] & (dims_s[None, :] < d_s),
+        other=0.0,
+    )
+    qt = tl.load(
+        QT + batch * stride_qtb + head * stride_qth + rows64[:, None] * stride_qtn + dims_t[None, :],
+        mask=row_ok[:, None] & (dims_t[None, :] < d_t),
+        other=0.0,
+    )
+    k_base = K + batch * stride_kb + head * stride_kh
+    kt_base = KT + batch * stride_ktb + head * stride_kth
+
+    max_s = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    max_t = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    sum_s = tl.zeros([BLOCK_M], tl.float32)
+    sum_t = tl.zeros([BLOCK_M], tl.float32)
+    gap = tl.zeros([BLOCK_M], tl.float32)
+
+    if CAUSAL:
+        key_end = tl.minimum((pid_m + 1) * BLOCK_M, n_k)
+    else:
+        key_end = n_k
+    for start_n in range(0, key_end, BLOCK_N):
+        keys = start_n + cols
+        keys64 = keys.to(tl.int64)
+        key_ok = keys < n_k
+        k = tl.load(
+            k_base + keys64[:, None] * stride_kn + dims_s[None, :],
+            mask=key_ok[:, None] & (dims_s[None, :] < d_s),
+            other=0.0,
+        )
+        kt = tl.load(
+            kt_base + keys64[:, None] * stride_ktn + dims_t[None, :],
+            mask=key_ok[:, None] & (dims_t[None, :] < d_t),
+            other=0.0,
+        )
+        u_s = _dot(q, tl.trans(k), DOT_PRECISION) * scale_s_log2
+        u_t = _dot(qt, tl.trans(kt), DOT_PRECISION) * scale_t_log2
+        valid = key_ok[None, :]
+        if CAUSAL:
+            valid = valid & (keys[None, :] <= rows[:, None])
+        # Masked entries get 2^-inf = 0 weight and a zero score gap (never -inf - -inf).
+        score_gap = tl.where(valid, u_t - u_s, 0.0)
+        u_s = tl.where(valid, u_s, float("-inf"))
+        u_t = tl.where(valid, u_t, float("-inf"))
+
+        new_max_s = tl.maximum(max_s, tl.max(u_s, 1))
+        sum_s = sum_s * tl.math.exp2(max_s - new_max_s) + tl.sum(
+            tl.math.exp2(u_s - new_max_s[:, None]), 1
+        )
+        max_s = new_max_s
+
+        new_max_t = tl.maximum(max_t, tl.max(u_t, 1))
+        rescale_t = tl.math.exp2(max_t - new_max_t)
+        p_t = tl.math.exp2(u_t - new_max_t[:, None])
+        sum_t = sum_t * rescale_t + tl.sum(p_t, 1)
+        gap = gap * rescale_t + tl.sum(p_t * score_gap, 1)
+        max_t = new_max_t
+
+    log2_sum_s = tl.math.log2(sum_s)
+    log2_sum_t = tl.math.log2(sum_t)
+    # Subtract the maxima first: both log-sum-exps can be large and nearly equal.
+    row_kl = (gap / sum_t - (max_t - max_s) - log2_sum_t + log2_sum_s) * 0.6931471805599453
+    out = pid_bh * n_q + rows64
+    tl.store(ROW_KL + out, row_kl, mask=row_ok)
+    tl.store(LSE_S + out, max_s + log2_sum_s, mask=row_ok)
+    tl.store(LSE_T + out, max_t + log2_sum_t, mask=row_ok)
+
+
+@triton.jit
+def _attention_kl_bwd_dq_kernel(
+    Q,  # [B, H, Nq, Ds]
+    K,  # [B, H, Nk, Ds]
+    QT,  # [B, H, Nq, Dt]
+    KT,  # [B, H, Nk, Dt]
+    GRAD,  # [B, H, Nq] float32, any strides (an expanded scalar from mean())
+    ROW_KL,  # [B, H, Nq] float32, contiguous
+    LSE_S,  # [B, H, Nq] float32, contiguous, base 2
+    LSE_T,  # [B, H, Nq] float32, contiguous, base 2
+    DQ,  # [B, H, Nq, Ds], contiguous
+    DQT,  # [B, H, Nq, Dt], contiguous; unused unless TEACHER_GRAD
+    stride_qb, stride_qh, stride_qn,
+    stride_kb, stride_kh, stride_kn,
+    stride_qtb, stride_qth, stride_qtn,
+    stride_ktb, stride_kth, stride_ktn,
+    stride_gb, stride_gh, stride_gn,
+    num_heads, n_q, n_k, d_s, d_t,
+    scale_s_log2, scale_t_log2,
+    scale_s, scale_t,  # natural-unit chain-rule factors scale / T
+    N_Q_BUCKET, N_K_BUCKET,
+    CAUSAL: tl.constexpr,
+    TEACHER_GRAD: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_DS: tl.constexpr,
+    BLOCK_DT: tl.constexpr,
+):
+    query_tiles = tl.cdiv(n_q, BLOCK_M)
+    pid = tl.program_id(0)
+    pid_m = pid % query_tiles
+    pid_bh = (pid // query_tiles).to(tl.int64)
+    batch = pid_bh // num_heads
+    head = pid_bh % num_heads
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows64 = rows.to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    dims_s = tl.arange(0, BLOCK_DS)
+    dims_t = tl.arange(0, BLOCK_DT)
+    row_ok = rows < n_q
+    q_mask = row_ok[:, None] & (dims_s[None, :] < d_s)
+    qt_mask = row_ok[:, None] & (dims_t[None, :] < d_t)
+
+    q = tl.load(
+        Q + batch * stride_qb + head * stride_qh + rows64[:, None] * stride_qn + dims_s[None, :],
+        mask=q_mask,
+        other=0.0,
+    )
+    qt = tl.load(
+        QT + batch * stride_qtb + head * stride_qth + rows64[:, None] * stride_qtn + dims_t[None, :],
+        mask=qt_mask,
+        other=0.0,
+    )
+    row_out = pid_bh * n_q + rows64
+    lse_s = tl.load(LSE_S + row_out, mask=row_ok, other=0.0)
+    lse_t = tl.load(LSE_T + row_out, mask=row_ok, other=0.0)
+    grad = tl.load(
+        GRAD + batch * stride_gb + head * stride_gh + rows64 * stride_gn, mask=row_ok, other=0.0
+    )
+    if TEACHER_GRAD:
+        row_kl = tl.load(ROW_KL + row_out, mask=row_ok, other=0.0)
+    k_base = K + batch * stride_kb + head * stride_kh
+    kt_base = KT + batch * stride_ktb + head * stride_kth
+
+    dq = tl.zeros([BLOCK_M, BLOCK_DS], tl.float32)
+    dqt = tl.zeros([BLOCK_M, BLOCK_DT], tl.float32)
+    if CAUSAL:
+        key_end = tl.minimum((pid_m + 1) * BLOCK_M, n_k)
+    else:
+        key_end = n_k
+    for start_n in range(0, key_end, BLOCK_N):
+        keys = start_n + cols
+        keys64 = keys.to(tl.int64)
+        key_ok = keys < n_k
+        k = tl.load(
+            k_base + keys64[:, None] * stride_kn + dims_s[None, :],
+            mask=key_ok[:, None] & (dims_s[None, :] < d_s),
+            other=0.0,
+        )
+        kt = tl.load(
+            kt_base + keys64[:, None] * stride_ktn + dims_t[None, :],
+            mask=key_ok[:, None] & (dims_t[None, :] < d_t),
+            other=0.0,
+        )
+        log2_p_s = _dot(q, tl.trans(k), DOT_PRECISION) * scale_s_log2 - lse_s[:, None]
+        log2_p_t = _dot(qt, tl.trans(kt), DOT_PRECISION) * scale_t_log2 - lse_t[:, None]
+        valid = key_ok[None, :]
+        if CAUSAL:
+            valid = valid & (keys[None, :] <= rows[:, None])
+        p_s = tl.where(valid, tl.math.exp2(log2_p_s), 0.0)
+        p_t = tl.where(valid, tl.math.exp2(log2_p_t), 0.0)
+        grad_scores = (p_s - p_t) * grad[:, None]
+        dq += _dot(grad_scores.to(k.dtype), k, DOT_PRECISION)
+        if TEACHER_GRAD:
+            log_ratio = (log2_p_t - log2_p_s) * 0.6931471805599453
+            grad_scores_t = p_t * (log_ratio - row_kl[:, None]) * grad[:, None]
+            dqt += _dot(grad_scores_t.to(kt.dtype), kt, DOT_PRECISION)
+
+    tl.store(
+        DQ + pid_bh * n_q * d_s + rows64[:, None] * d_s + dims_s[None, :],
+        (dq * scale_s).to(DQ.dtype.element_ty),
+        mask=q_mask,
+    )
+    if TEACHER_GRAD:
+        tl.store(
+            DQT + pid_bh * n_q * d_t + rows64[:, None] * d_t + dims_t[None, :],
+            (dqt * scale_t).to(DQT.dtype.element_ty),
+            mask=qt_mask,
+        )
+
+
+@triton.jit
+def _attention_kl_bwd_dk_kernel(
+    Q,  # [B, H, Nq, Ds]
+    K,  # [B, H, Nk, Ds]
+    QT,  # [B, H, Nq, Dt]
+    KT,  # [B, H, Nk, Dt]
+    GRAD,  # [B, H, Nq] float32, any strides
+    ROW_KL,  # [B, H, Nq] float32, contiguous
+    LSE_S,  # [B, H, Nq] float32, contiguous, base 2
+    LSE_T,  # [B, H, Nq] float32, contiguous, base 2
+    DK,  # [B, H, Nk, Ds], contiguous
+    DKT,  # [B, H, Nk, Dt], contiguous; unused unless TEACHER_GRAD
+    stride_qb, stride_qh, stride_qn,
+    stride_kb, stride_kh, stride_kn,
+    stride_qtb, stride_qth, stride_qtn,
+    stride_ktb, stride_kth, stride_ktn,
+    stride_gb, stride_gh, stride_gn,
+    num_heads, n_q, n_k, d_s, d_t,
+    scale_s_log2, scale_t_log2,
+    scale_s, scale_t,
+    N_Q_BUCKET, N_K_BUCKET,
+    CAUSAL: tl.constexpr,
+    TEACHER_GRAD: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_DS: tl.constexpr,
+    BLOCK_DT: tl.constexpr,
+):
+    # Transposed orientation: this program owns BLOCK_N keys and streams over query tiles.
+    key_tiles = tl.cdiv(n_k, BLOCK_N)
+    pid = tl.program_id(0)
+    pid_n = pid % key_tiles
+    pid_bh = (pid // key_tiles).to(tl.int64)
+    batch = pid_bh // num_heads
+    head = pid_bh % num_heads
+    keys = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    keys64 = keys.to(tl.int64)
+    offs_m = tl.arange(0, BLOCK_M)
+    dims_s = tl.arange(0, BLOCK_DS)
+    dims_t = tl.arange(0, BLOCK_DT)
+    key_ok = keys < n_k
+    k_mask = key_ok[:, None] & (dims_s[None, :] < d_s)
+    kt_mask = key_ok[:, None] & (dims_t[None, :] < d_t)
+
+    k = tl.load(
+        K + batch * stride_kb + head * stride_kh + keys64[:, None] * stride_kn + dims_s[None, :],
+        mask=k_mask,
+        other=0.0,
+    )
+    kt = tl.load(
+        KT + batch * stride_ktb + head * stride_kth + keys64[:, None] * stride_ktn + dims_t[None, :],
+        mask=kt_mask,
+        other=0.0,
+    )
+    q_base = Q + batch * stride_qb + head * stride_qh
+    qt_base = QT + batch * stride_qtb + head * stride_qth
+    grad_base = GRAD + batch * stride_gb + head * stride_gh
+    row_base = pid_bh * n_q
+
+    dk = tl.zeros([BLOCK_N, BLOCK_DS], tl.float32)
+    dkt = tl.zeros([BLOCK_N, BLOCK_DT], tl.float32)
+    if CAUSAL:
+        query_start = (pid_n * BLOCK_N // BLOCK_M) * BLOCK_M
+    else:
+        query_start = 0
+    for start_m in range(query_start, n_q, BLOCK_M):
+        rows = start_m + offs_m
+        rows64 = rows.to(tl.int64)
+        row_ok = rows < n_q
+        q = tl.load(
+            q_base + rows64[:, None] * stride_qn + dims_s[None, :],
+            mask=row_ok[:, None] & (dims_s[None, :] < d_s),
+            other=0.0,
+        )
+        qt = tl.load(
+            qt_base + rows64[:, None] * stride_qtn + dims_t[None, :],
+            mask=row_ok[:, None] & (dims_t[None, :] < d_t),
+            other=0.0,
+        )
+        lse_s = tl.load(LSE_S + row_base + rows64, mask=row_ok, other=0.0)
+        lse_t = tl.load(LSE_T + row_base + rows64, mask=row_ok, other=0.0)
+        grad = tl.load(grad_base + rows64 * stride_gn, mask=row_ok, other=0.0)
+        log2_p_s = _dot(k, tl.trans(q), DOT_PRECISION) * scale_s_log2 - lse_s[None, :]
+        log2_p_t = _dot(kt, tl.trans(qt), DOT_PRECISION) * scale_t_log2 - lse_t[None, :]
+        valid = key_ok[:, None] & row_ok[None, :]
+        if CAUSAL:
+            valid = valid & (keys[:, None] <= rows[None, :])
+        p_s = tl.where(valid, tl.math.exp2(log2_p_s), 0.0)
+        p_t = tl.where(valid, tl.math.exp2(log2_p_t), 0.0)
+        grad_scores = (p_s - p_t) * grad[None, :]
+        dk += _dot(grad_scores.to(q.dtype), q, DOT_PRECISION)
+        if TEACHER_GRAD:
+            row_kl = tl.load(ROW_KL + row_base + rows64, mask=row_ok, other=0.0)
+            log_ratio = (log2_p_t - log2_p_s) * 0.6931471805599453
+            grad_scores_t = p_t * (log_ratio - row_kl[None, :]) * grad[None, :]
+            dkt += _dot(grad_scores_t.to(qt.dtype), qt, DOT_PRECISION)
+
+    tl.store(
+        DK + pid_bh * n_k * d_s + keys64[:, None] * d_s + dims_s[None, :],
+        (dk * scale_s).to(DK.dtype.element_ty),
+        mask=k_mask,
+    )
+    if TEACHER_GRAD:
+        tl.store(
+            DKT + pid_bh * n_k * d_t + keys64[:, None] * d_t + dims_t[None, :],
+            (dkt * scale_t).to(DKT.dtype.element_ty),
+            mask=kt_mask,
+        )
+
+
+def _block_dim(head_dim: int) -> int:
+    # tl.dot needs every operand dimension to be at least 16.
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def _length_bucket(length: int) -> int:
+    return triton.next_power_of_2(length)
+
+
+def _autotune_configs(kind: str) -> list[triton.Config]:
+    """Candidate tile shapes for the GPU; the interpreter uses one fixed small config."""
+    if kind == "fwd":
+        shapes = [(128, 64), (128, 128), (64, 64), (64, 128), (128, 32), (64, 32)]
+    else:
+        shapes = [(64, 64), (128, 64), (64, 128), (32, 64), (64, 32), (128, 128)]
+    return [
+        triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps, num_stages=stages)
+        for block_m, block_n in shapes
+        for warps in (4, 8)
+        for stages in (2, 3)
+    ]
+
+
+def _prune_configs(configs, named_args, **kwargs):
+    # Wide heads need small tiles: two (BLOCK, 256) operand tiles plus the fp32
+    # score tiles exceed the register file and spill badly otherwise.
+    widest = max(named_args["d_s"], named_args["d_t"])
+    if widest > 128:
+        kept = [c for c in configs if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 64 * 64]
+    else:
+        kept = configs
+    return kept or configs[:1]
+
+
+_AUTOTUNE_KEY = ["N_Q_BUCKET", "N_K_BUCKET", "d_s", "d_t", "CAUSAL"]
+_INTERPRETER_BLOCKS = {"BLOCK_M": 16, "BLOCK_N": 16}
+
+
+def _tuned(kernel, kind: str, teacher_grad_key: bool):
+    if INTERPRETING:
+        return kernel
+    key = _AUTOTUNE_KEY + (["TEACHER_GRAD"] if teacher_grad_key else [])
+    return triton.autotune(
+        configs=_autotune_configs(kind),
+        key=key,
+        prune_configs_by={"early_config_prune": _prune_configs},
+    )(kernel)
+
+
+_forward_kernel = _tuned(_attention_kl_fwd_kernel, "fwd", teacher_grad_key=False)
+_backward_dq_kernel = _tuned(_attention_kl_bwd_dq_kernel, "bwd", teacher_grad_key=True)
+_backward_dk_kernel = _tuned(_attention_kl_bwd_dk_kernel, "bwd", teacher_grad_key=True)
+
+
+def _launch_options() -> dict:
+    return dict(_INTERPRETER_BLOCKS) if INTERPRETING else {}
+
+
+def _dot_precision(dtype: torch.dtype) -> str:
+    # float32 inputs are promised float32 math, so no TF32 rounding of the scores.
+    if dtype == torch.float32:
+        return "ieee"
+    if dtype == torch.bfloat16 and INTERPRETING:
+        return "upcast"
+    return "tf32"
+
+
+def _strides3(tensor: torch.Tensor) -> tuple[int, int, int]:
+    return tensor.stride(0), tensor.stride(1), tensor.stride(2)
+
+
+def _grid(length: int, batch_heads: int, block: str):
+    # Tiles and (batch, head) pairs are folded into one axis, tiles fastest, so
+    # B·H is not capped by the 65535 limit of grid axes 1 and 2.
+    return lambda meta: (triton.cdiv(length, meta[block]) * batch_heads,)
+
+
+def _device_guard(tensor: torch.Tensor):
+    # Triton launches on the current CUDA device, which need not be the inputs'.
+    return torch.cuda.device(tensor.device) if tensor.is_cuda else contextlib.nullcontext()
+
+
+def _problem_args(q, k, q_teacher, k_teacher, student_scale: float, teacher_scale: float) -> tuple:
+    batch, heads, n_q, d_s = q.shape
+    n_k, d_t = k.size(2), q_teacher.size(3)
+    return (
+        *_strides3(q),
+        *_strides3(k),
+        *_strides3(q_teacher),
+        *_strides3(k_teacher),
+        heads,
+        n_q,
+        n_k,
+        d_s,
+        d_t,
+        student_scale * LOG2_E,
+        teacher_scale * LOG2_E,
+    )
+
+
+def launch_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_teacher: torch.Tensor,
+    k_teacher: torch.Tensor,
+    student_scale: float,
+    teacher_scale: float,
+    causal: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run the forward kernel.
+
+    Returns:
+        row_kl, lse_student, lse_teacher: each (B, H, Nq) float32 contiguous; the
+        log-sum-exps are in base 2 (log2 Σ 2^u with u = s·log2 e).
+    """
+    batch, heads, n_q, d_s = q.shape
+    n_k, d_t = k.size(2), q_teacher.size(3)
+    rows = torch.empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
+    lse_student = torch.empty_like(rows)
+    lse_teacher = torch.empty_like(rows)
+    with _device_guard(q):
+        _forward_kernel[_grid(n_q, batch * heads, "BLOCK_M")](
+            q,
+            k,
+            q_teacher,
+            k_teacher,
+            rows,
+            lse_student,
+            lse_teacher,
+            *_problem_args(q, k, q_teacher, k_teacher, student_scale, teacher_scale),
+            _length_bucket(n_q),
+            _length_bucket(n_k),
+            CAUSAL=causal,
+            DOT_PRECISION=_dot_precision(q.dtype),
+            BLOCK_DS=_block_dim(d_s),
+            BLOCK_DT=_block_dim(d_t),
+            **_launch_options(),
+        )
+    return rows, lse_student, lse_teacher
+
+
+def launch_backward(
+    grad_rows: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_teacher: torch.Tensor,
+    k_teacher: torch.Tensor,
+    row_kl: torch.Tensor,
+    lse_student: torch.Tensor,
+    lse_teacher: torch.Tensor,
+    student_scale: float,
+    teacher_scale: float,
+    causal: bool,
+    teacher_grad: bool,
+) -> list[torch.Tensor]:
+    """Run both backward kernels (query side, then key side).
+
+    Args:
+        grad_rows: upstream gradient of the per-row KL, (B, H, Nq), any strides.
+
+    Returns:
+        [dq, dk] or, with ``teacher_grad``, [dq, dk, dq_teacher, dk_teacher], each
+        contiguous and in the inputs' dtype.
+    """
+    batch, heads, n_q, d_s = q.shape
+    n_k, d_t = k.size(2), q_teacher.size(3)
+    grad_rows = grad_rows.float()
+    grad_q = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    grad_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    if teacher_grad:
+        grad_q_teacher = torch.empty(q_teacher.shape, dtype=q.dtype, device=q.device)
+        grad_k_teacher = torch.empty(k_teacher.shape, dtype=k.dtype, device=k.device)
+    else:
+        # Never written: TEACHER_GRAD=False compiles the teacher stores away.
+        grad_q_teacher = grad_k_teacher = grad_q
+    common = (
+        q,
+        k,
+        q_teacher,
+        k_teacher,
+        grad_rows,
+        row_kl,
+        lse_student,
+        lse_teacher,
+    )
+    problem_args = _problem_args(q, k, q_teacher, k_teacher, student_scale, teacher_scale)
+    input_strides, sizes_and_scales = problem_args[:12], problem_args[12:]
+    sizes = (
+        *input_strides,
+        *_strides3(grad_rows),
+        *sizes_and_scales,
+        student_scale,
+        teacher_scale,
+        _length_bucket(n_q),
+        _length_bucket(n_k),
+    )
+    options = dict(
+        CAUSAL=causal,
+        TEACHER_GRAD=teacher_grad,
+        DOT_PRECISION=_dot_precision(q.dtype),
+        BLOCK_DS=_block_dim(d_s),
+        BLOCK_DT=_block_dim(d_t),
+        **_launch_options(),
+    )
+    with _device_guard(q):
+        _backward_dq_kernel[_grid(n_q, batch * heads, "BLOCK_M")](
+            *common, grad_q, grad_q_teacher, *sizes, **options
+        )
+        _backward_dk_kernel[_grid(n_k, batch * heads, "BLOCK_N")](
+            *common, grad_k, grad_k_teacher, *sizes, **options
+        )
+    if teacher_grad:
+        return [grad_q, grad_k, grad_q_teacher, grad_k_teacher]
+    return [grad_q, grad_k]
+
+
+@torch.library.custom_op("cl_streamkl::attention_kl_fwd", mutates_args=())
+def attention_kl_fwd_op(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_teacher: torch.Tensor,
+    k_teacher: torch.Tensor,
+    student_scale: float,
+    teacher_scale: float,
+    causal: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Custom op around :func:`launch_forward` (opaque to, but traceable by, torch.compile)."""
+    return launch_forward(q, k, q_teacher, k_teacher, student_scale, teacher_scale, causal)
+
+
+@attention_kl_fwd_op.register_fake
+def _attention_kl_fwd_fake(q, k, q_teacher, k_teacher, student_scale, teacher_scale, causal):
+    rows = q.new_empty(q.shape[:3], dtype=torch.float32)
+    return rows, torch.empty_like(rows), torch.empty_like(rows)
+
+
+@torch.library.custom_op("cl_streamkl::attention_kl_bwd", mutates_args=())
+def attention_kl_bwd_op(
+    grad_rows: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_teacher: torch.Tensor,
+    k_teacher: torch.Tensor,
+    row_kl: torch.Tensor,
+    lse_student: torch.Tensor,
+    lse_teacher: torch.Tensor,
+    student_scale: float,
+    teacher_scale: float,
+    causal: bool,
+    teacher_grad: bool,
+) -> list[torch.Tensor]:
+    """Custom op around :func:`launch_backward`."""
+    return launch_backward(
+        grad_rows,
+        q,
+        k,
+        q_teacher,
+        k_teacher,
+        row_kl,
+        lse_student,
+        lse_teacher,
+        student_scale,
+        teacher_scale,
+        causal,
+        teacher_grad,
+    )
+
+
+@attention_kl_bwd_op.register_fake
+def _attention_kl_bwd_fake(
+    grad_rows, q, k, q_teacher, k_teacher, row_kl, lse_student, lse_teacher,
+    student_scale, teacher_scale, causal, teacher_grad,
+):
+    grads = [q.new_empty(q.shape), k.new_empty(k.shape)]
+    if teacher_grad:
+        grads += [q_teacher.new_empty(q_teacher.shape), k_teacher.new_empty(k_teacher.shape)]
+    return grads
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, q_teacher, k_teacher, student_scale, teacher_scale, causal = inputs
+    row_kl, lse_student, lse_teacher = output
+    ctx.save_for_backward(q, k, q_teacher, k_teacher, row_kl, lse_student, lse_teacher)
+    ctx.options = (student_scale, teacher_scale, causal)
+    ctx.mark_non_differentiable(lse_student, lse_teacher)
+
+
+def _backward(ctx, grad_rows, _grad_lse_student, _grad_lse_teacher):
+    q, k, q_teacher, k_teacher, row_kl, lse_student, lse_teacher = ctx.saved_tensors
+    student_scale, teacher_scale, causal = ctx.options
+    # A frozen teacher costs no teacher-gradient work: the kernels skip it entirely.
+    teacher_grad = bool(ctx.needs_input_grad[2] or ctx.needs_input_grad[3])
+    grads = attention_kl_bwd_op(
+        grad_rows,
+        q,
+        k,
+        q_teacher,
+        k_teacher,
+        row_kl,
+        lse_student,
+        lse_teacher,
+        student_scale,
+        teacher_scale,
+        causal,
+        teacher_grad,
+    )
+    grad_q_teacher, grad_k_teacher = (grads[2], grads[3]) if teacher_grad else (None, None)
+    return grads[0], grads[1], grad_q_teacher, grad_k_teacher, None, None, None
+
+
+attention_kl_fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def attention_kl_rows_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_teacher: torch.Tensor,
+    k_teacher: torch.Tensor,
+    problem: AttentionKLProblem,
+) -> torch.Tensor:
+    """Per-row KL(P_teacher ‖ P_student), (B, H, Nq) float32, through the fused kernels.
+
+    Inputs are validated by the caller (:func:`cl_streamkl.attention_kl`).
+    """
+    row_kl, _, _ = attention_kl_fwd_op(
+        q, k, q_teacher, k_teacher, problem.student_scale, problem.teacher_scale, problem.causal
+    )
+    return row_kl
