@@ -404,11 +404,24 @@ def _prune_configs(configs, named_args, **kwargs):
 
 
 _AUTOTUNE_KEY = ["N_Q_BUCKET", "N_K_BUCKET", "d_s", "d_t", "CAUSAL"]
-_INTERPRETER_BLOCKS = {"BLOCK_M": 16, "BLOCK_N": 16}
+# Autotuning costs a few seconds of compiling per new (dtype, head dims, causal)
+# combination; CL_STREAMKL_AUTOTUNE=0 uses the heuristic tiles below instead
+# (correctness runs, short jobs). The interpreter never autotunes: timing it is meaningless.
+AUTOTUNE = not INTERPRETING and os.environ.get("CL_STREAMKL_AUTOTUNE", "1") != "0"
+
+
+def _heuristic_options(kind: str, widest_head_dim: int) -> dict:
+    if INTERPRETING:
+        return {"BLOCK_M": 16, "BLOCK_N": 16}
+    if widest_head_dim > 128:
+        return {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+    if kind == "fwd":
+        return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+    return {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 
 
 def _tuned(kernel, kind: str, teacher_grad_key: bool):
-    if INTERPRETING:
+    if not AUTOTUNE:
         return kernel
     key = _AUTOTUNE_KEY + (["TEACHER_GRAD"] if teacher_grad_key else [])
     return triton.autotune(
@@ -423,8 +436,8 @@ _backward_dq_kernel = _tuned(_attention_kl_bwd_dq_kernel, "bwd", teacher_grad_ke
 _backward_dk_kernel = _tuned(_attention_kl_bwd_dk_kernel, "bwd", teacher_grad_key=True)
 
 
-def _launch_options() -> dict:
-    return dict(_INTERPRETER_BLOCKS) if INTERPRETING else {}
+def _launch_options(kind: str, d_s: int, d_t: int) -> dict:
+    return {} if AUTOTUNE else _heuristic_options(kind, max(d_s, d_t))
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
@@ -505,7 +518,7 @@ def launch_forward(
             DOT_PRECISION=_dot_precision(q.dtype),
             BLOCK_DS=_block_dim(d_s),
             BLOCK_DT=_block_dim(d_t),
-            **_launch_options(),
+            **_launch_options("fwd", d_s, d_t),
         )
     return rows, lse_student, lse_teacher
 
@@ -571,7 +584,7 @@ def launch_backward(
         DOT_PRECISION=_dot_precision(q.dtype),
         BLOCK_DS=_block_dim(d_s),
         BLOCK_DT=_block_dim(d_t),
-        **_launch_options(),
+        **_launch_options("bwd", d_s, d_t),
     )
     with _device_guard(q):
         _backward_dq_kernel[_grid(n_q, batch * heads, "BLOCK_M")](

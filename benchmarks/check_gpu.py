@@ -1,0 +1,182 @@
+"""GPU acceptance check for the StreamKL kernels: correctness first, then a first timing.
+
+Checks, on CUDA, against the float64 materialising reference:
+  * bf16 / fp16 / fp32 at N = 197, 1024, 4096 (values and student gradients), causal and
+    mutual (teacher-gradient) variants, timm-style strided views;
+  * int64 addressing: a strided view whose offsets pass 2**31 elements, at N = 131072;
+  * torch.compile(fullgraph=True) through the registered custom ops.
+Then times (1, 12, 8192, 64) bf16 fwd and fwd+bwd beside SDPA and eager PyTorch.
+
+Usage: python benchmarks/check_gpu.py [--skip-timing] [--skip-checks]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+
+import torch
+import torch.nn.functional as F
+import triton
+from triton.testing import do_bench
+
+from cl_streamkl import attention_kl, attention_kl_reference
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double(), ref.double()
+    if not torch.isfinite(out).all():
+        return float("nan")
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def check_case(batch, heads, n, dim, dtype, causal=False, teacher_grad=False) -> dict:
+    def rand(grad):
+        return torch.randn(batch, heads, n, dim, device="cuda", dtype=dtype).requires_grad_(grad)
+
+    q, k = rand(True), rand(True)
+    q_t, k_t = rand(teacher_grad), rand(teacher_grad)
+    inputs = [q, k] + ([q_t, k_t] if teacher_grad else [])
+    ref = attention_kl_reference(q, k, q_t, k_t, causal=causal, reduction="none")
+    out = attention_kl(q, k, q_t, k_t, causal=causal, reduction="none", backend="triton")
+    upstream = torch.randn_like(ref)
+    ref_grads = torch.autograd.grad((ref * upstream).sum(), inputs)
+    grads = torch.autograd.grad((out * upstream.float()).sum(), inputs)
+    return {
+        "fwd": rel_err(out, ref),
+        "grads": max(rel_err(g, r) for g, r in zip(grads, ref_grads)),
+    }
+
+
+def check_strided_timm_views() -> float:
+    batch, tokens, heads, dim = 4, 577, 12, 64
+    qkv = torch.randn(batch, tokens, 3 * heads * dim, device="cuda", dtype=torch.bfloat16)
+    qkv_t = torch.randn_like(qkv)
+    q, k, _ = qkv.reshape(batch, tokens, 3, heads, dim).permute(2, 0, 3, 1, 4).unbind(0)
+    q_t, k_t, _ = qkv_t.reshape(batch, tokens, 3, heads, dim).permute(2, 0, 3, 1, 4).unbind(0)
+    out = attention_kl(q, k, q_t, k_t, reduction="none", backend="triton")
+    return rel_err(out, attention_kl_reference(q, k, q_t, k_t, reduction="none"))
+
+
+def check_int64_offsets() -> float:
+    """Head 1 of a view whose head stride is 2**31 elements, against the same data copied."""
+    n, dim = 131072, 64
+    head_stride = 2**31
+    storage = torch.empty(head_stride + n * dim, device="cuda", dtype=torch.bfloat16)
+    storage[head_stride:].normal_()
+    storage[: n * dim].normal_()
+
+    def view():
+        return storage.as_strided((1, 2, n, dim), (0, head_stride, dim, 1))
+
+    q = view()
+    k_t = torch.randn(1, 2, n, dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn_like(k_t)
+    q_t = torch.randn_like(k_t)
+    out = attention_kl(q, k, q_t, k_t, reduction="none", backend="triton")
+    copied = attention_kl(q.contiguous(), k, q_t, k_t, reduction="none", backend="torch")
+    del storage
+    return rel_err(out, copied)
+
+
+def check_compile() -> float:
+    q, k, q_t, k_t = (torch.randn(2, 4, 256, 64, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    q.requires_grad_()
+
+    def loss(q, k, q_t, k_t):
+        return attention_kl(q, k, q_t, k_t, temperature=2.0) * 3.0
+
+    compiled = torch.compile(loss, fullgraph=True)
+    value = compiled(q, k, q_t, k_t)
+    grad = torch.autograd.grad(value, q)[0]
+    eager_value = loss(q, k, q_t, k_t)
+    eager_grad = torch.autograd.grad(eager_value, q)[0]
+    return max(rel_err(value, eager_value), rel_err(grad, eager_grad))
+
+
+def eager_kl(q, k, q_t, k_t):
+    scale = q.size(-1) ** -0.5
+    log_p_s = torch.log_softmax((q @ k.transpose(-1, -2)).float() * scale, dim=-1)
+    log_p_t = torch.log_softmax((q_t @ k_t.transpose(-1, -2)).float() * scale, dim=-1)
+    return (log_p_t.exp() * (log_p_t - log_p_s)).sum(-1).mean()
+
+
+def time_first_table() -> list[tuple[str, str, float]]:
+    shape = (1, 12, 8192, 64)
+    q, k, q_t, k_t = (torch.randn(*shape, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    q.requires_grad_()
+    k.requires_grad_()
+    v = torch.randn_like(q_t).requires_grad_()
+    rows = []
+
+    def fwd_bwd(fn):
+        def run():
+            out = fn()
+            torch.autograd.grad(out, (q, k))
+        return run
+
+    impls = {
+        "streamkl-triton": lambda: attention_kl(q, k, q_t, k_t, backend="triton"),
+        "streamkl-torch": lambda: attention_kl(q, k, q_t, k_t, backend="torch"),
+        "eager": lambda: eager_kl(q, k, q_t, k_t),
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v).float().sum(),
+    }
+    for name, fn in impls.items():
+        for mode, runner in (("fwd", fn), ("fwd+bwd", fwd_bwd(fn))):
+            try:
+                with torch.no_grad() if mode == "fwd" else torch.enable_grad():
+                    ms = do_bench(runner, warmup=100, rep=300, return_mode="median")
+            except torch.OutOfMemoryError:
+                ms = float("nan")
+            rows.append((name, mode, ms))
+            torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--skip-timing", action="store_true")
+    parser.add_argument("--skip-checks", action="store_true")
+    args = parser.parse_args()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__} commit {commit or '?'}")
+    torch.manual_seed(0)
+    if not args.skip_checks:
+        run_checks()
+    if not args.skip_timing:
+        print("\n| impl | mode | ms (1,12,8192,64) bf16 |\n|---|---|---|")
+        for name, mode, ms in time_first_table():
+            print(f"| {name} | {mode} | {ms:.3f} |")
+
+
+def run_checks() -> None:
+    failures = 0
+    for n in (197, 1024, 4096):
+        for dtype_name, dtype in DTYPES.items():
+            for causal, teacher_grad in ((False, False), (True, False), (False, True)):
+                result = check_case(2 if n < 4096 else 1, 2, n, 64, dtype, causal, teacher_grad)
+                bound_fwd, bound_grad = (1e-4, 2e-5) if dtype == torch.float32 else (1e-4, 2e-2)
+                ok = result["fwd"] < bound_fwd and result["grads"] < bound_grad
+                failures += not ok
+                print(
+                    f"N={n:5d} {dtype_name} causal={causal!s:5} teacher_grad={teacher_grad!s:5} "
+                    f"fwd_err={result['fwd']:.2e} grad_err={result['grads']:.2e} {'ok' if ok else 'FAIL'}"
+                )
+    for dim in (32, 80, 128, 256):
+        result = check_case(1, 2, 577, dim, torch.bfloat16, teacher_grad=True)
+        ok = result["fwd"] < 1e-4 and result["grads"] < 2e-2
+        failures += not ok
+        print(f"D={dim} bf16 fwd_err={result['fwd']:.2e} grad_err={result['grads']:.2e} {'ok' if ok else 'FAIL'}")
+    for name, check in (("strided timm views", check_strided_timm_views), ("int64 offsets N=131072", check_int64_offsets), ("torch.compile fullgraph", check_compile)):
+        err = check()
+        ok = err < 1e-4
+        failures += not ok
+        print(f"{name}: rel_err={err:.2e} {'ok' if ok else 'FAIL'}")
+        torch.cuda.empty_cache()
+    print(f"correctness failures: {failures}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""Test-session setup.
+
+* Triton kernels run on the CPU through its interpreter, which must be chosen
+  before triton is first imported (set CL_STREAMKL_TEST_GPU=1 to test on CUDA).
+* Every float tensor that ``torch.empty``/``torch.empty_like`` returns is filled
+  with NaN, so an output element a kernel forgets to write fails the test
+  instead of passing on whatever memory happened to hold.
+"""
+
+import os
+
+if os.environ.get("CL_STREAMKL_TEST_GPU") != "1":
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+_real_empty = torch.empty
+_real_empty_like = torch.empty_like
+
+
+def _poison(tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.is_floating_point() and tensor.numel() and not tensor.is_meta:
+        with torch.no_grad():
+            tensor.fill_(float("nan"))
+    return tensor
+
+
+def _poisoned_empty(*args, **kwargs):
+    return _poison(_real_empty(*args, **kwargs))
+
+
+def _poisoned_empty_like(*args, **kwargs):
+    return _poison(_real_empty_like(*args, **kwargs))
+
+
+torch.empty = _poisoned_empty
+torch.empty_like = _poisoned_empty_like
+
+DEVICE = "cuda" if os.environ.get("CL_STREAMKL_TEST_GPU") == "1" else "cpu"
+
+
+@pytest.fixture
+def device() -> str:
+    return DEVICE

@@ -1,0 +1,94 @@
+"""Bad input raises a clear ValueError/TypeError naming the argument, before any kernel launch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cl_streamkl import AttentionKLDivLoss, attention_kl
+
+
+def good(**overrides):
+    tensors = {
+        "q": torch.randn(2, 3, 8, 16),
+        "k": torch.randn(2, 3, 10, 16),
+        "q_teacher": torch.randn(2, 3, 8, 32),
+        "k_teacher": torch.randn(2, 3, 10, 32),
+    }
+    tensors.update(overrides)
+    return tensors
+
+
+def call(options=None, **overrides):
+    tensors = good(**overrides)
+    return attention_kl(
+        tensors["q"], tensors["k"], tensors["q_teacher"], tensors["k_teacher"], **(options or {})
+    )
+
+
+TENSOR_CASES = [
+    ("q", [[1.0]], TypeError, "q must be a torch.Tensor"),
+    ("k", torch.randn(2, 3, 10), ValueError, "k must have 4 dimensions"),
+    ("q_teacher", torch.randn(2, 3, 8, 32, dtype=torch.float64), TypeError, "q_teacher must be float32"),
+    ("k_teacher", torch.randn(2, 3, 10, 32).half(), TypeError, "k_teacher has dtype"),
+    ("k", torch.randn(2, 4, 10, 16), ValueError, "k has \\(B, H\\)"),
+    ("q_teacher", torch.randn(1, 3, 8, 32), ValueError, "q_teacher has \\(B, H\\)"),
+    ("k", torch.randn(2, 3, 10, 24), ValueError, "k head dim 24 differs from q head dim 16"),
+    ("k_teacher", torch.randn(2, 3, 10, 16), ValueError, "k_teacher head dim"),
+    ("q_teacher", torch.randn(2, 3, 9, 32), ValueError, "q_teacher has 9 query rows"),
+    ("k_teacher", torch.randn(2, 3, 11, 32), ValueError, "k_teacher has 11 keys"),
+    ("q", torch.randn(2, 3, 0, 16), ValueError, "q must not be empty"),
+    ("k", torch.randn(2, 3, 0, 16), ValueError, "k must not be empty"),
+    ("q", torch.randn(2, 3, 16, 8).transpose(-1, -2), ValueError, "q must have a unit stride"),
+    ("k_teacher", torch.randn(2, 3, 32, 10).transpose(-1, -2), ValueError, "k_teacher must have a unit stride"),
+    ("k", torch.randn(2, 3, 10, 16, device="meta"), ValueError, "k is on meta"),
+]
+
+
+@pytest.mark.parametrize("name,value,error,message", TENSOR_CASES, ids=[c[3] for c in TENSOR_CASES])
+def test_bad_tensors(name, value, error, message):
+    with pytest.raises(error, match=message):
+        call(**{name: value})
+
+
+def test_head_dim_over_256():
+    q, k = torch.randn(1, 1, 4, 320), torch.randn(1, 1, 4, 320)
+    with pytest.raises(ValueError, match="q head dim must be at most 256"):
+        attention_kl(q, k, torch.randn(1, 1, 4, 8), torch.randn(1, 1, 4, 8))
+    with pytest.raises(ValueError, match="q_teacher head dim must be at most 256"):
+        attention_kl(torch.randn(1, 1, 4, 8), torch.randn(1, 1, 4, 8), q, k)
+
+
+OPTION_CASES = [
+    ({"reduction": "avg"}, ValueError, "reduction must be one of"),
+    ({"backend": "cuda"}, ValueError, "backend must be one of"),
+    ({"temperature": 0.0}, ValueError, "temperature must be a finite number > 0"),
+    ({"temperature": -1.0}, ValueError, "temperature must be a finite number > 0"),
+    ({"temperature": float("nan")}, ValueError, "temperature must be a finite number > 0"),
+    ({"temperature": "2"}, TypeError, "temperature must be a real number"),
+    ({"scale": 0.0}, ValueError, "scale must be a finite number > 0"),
+    ({"teacher_scale": float("inf")}, ValueError, "teacher_scale must be a finite number > 0"),
+    ({"causal": 1}, TypeError, "causal must be a bool"),
+    ({"causal": True}, ValueError, "causal=True needs as many queries as keys"),
+]
+
+
+@pytest.mark.parametrize("options,error,message", OPTION_CASES, ids=[c[2] for c in OPTION_CASES])
+def test_bad_options(options, error, message):
+    with pytest.raises(error, match=message):
+        call(options)
+
+
+def test_module_validates_options_at_construction():
+    with pytest.raises(ValueError, match="temperature"):
+        AttentionKLDivLoss(temperature=0)
+    with pytest.raises(ValueError, match="reduction"):
+        AttentionKLDivLoss(reduction="avg")
+
+
+def test_triton_backend_on_a_device_it_cannot_run(monkeypatch):
+    from cl_streamkl.kernels import triton_kl
+
+    monkeypatch.setattr(triton_kl, "INTERPRETING", False)
+    with pytest.raises(ValueError, match="backend='triton' needs CUDA tensors"):
+        call({"backend": "triton"})
