@@ -1,0 +1,139 @@
+"""Smoke tests of the GPU benchmark harness on tiny CPU problems (torch/eager/SDPA paths only).
+
+The harness is run for real on the H200 by hand; these tests keep its code paths from
+breaking in between: row measurement for every mode, ratios, OOM rows, the correctness
+check, the table and the JSON file.
+"""
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses resolve their module through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load("bench_attention_kl")
+
+CPU = torch.device("cpu")
+TINY = bench.Problem(1, 2, 48, 16, torch.bfloat16)
+
+
+@pytest.mark.parametrize("impl", ["torch", "eager"])
+@pytest.mark.parametrize("mode", bench.MODES)
+def test_measure_row_times_every_mode(impl, mode):
+    inputs = bench.make_inputs(TINY, CPU)
+    row = bench.measure_row(bench.make_workload(impl, TINY, inputs), impl, TINY, mode, CPU)
+    assert row.ms > 0 and math.isfinite(row.ms)
+    assert row.tflops == pytest.approx(TINY.flops(impl, mode) / (row.ms * 1e-3) / 1e12)
+    assert row.extra_mib is None  # peak memory is a CUDA-only measurement
+    assert (row.impl, row.mode, row.shape, row.dtype) == (impl, mode, "1x2x48x16", "bf16")
+    assert all(t.grad is None for t in (inputs["q"], inputs["k"]))
+
+
+def test_flop_counts_follow_the_docstring():
+    problem = bench.Problem(2, 3, 64, 16, torch.bfloat16)
+    base = problem.batch * problem.heads * problem.seq**2 * problem.head_dim
+    assert problem.flops("triton", "fwd") == 4 * base
+    assert problem.flops("eager", "fwd+bwd") == 12 * base
+    assert problem.flops("sdpa", "bwd") == 10 * base
+    causal = bench.Problem(2, 3, 64, 16, torch.bfloat16, causal=True)
+    assert causal.flops("torch", "bwd") == 4 * base
+
+
+def test_benchmark_problem_fills_ratios_and_reports_oom(monkeypatch):
+    real_measure = bench.measure_row
+
+    def measure_or_oom(workload, impl, problem, mode, device, warmup_ms, rep_ms):
+        if impl == "eager" and mode == "fwd+bwd":
+            raise torch.OutOfMemoryError("simulated")
+        return real_measure(workload, impl, problem, mode, device, warmup_ms, rep_ms)
+
+    monkeypatch.setattr(bench, "measure_row", measure_or_oom)
+    rows = bench.benchmark_problem(TINY, ["torch", "eager", "sdpa"], bench.MODES, CPU)
+    by_key = {(row.impl, row.mode): row for row in rows}
+    assert len(by_key) == 9
+
+    oom = by_key["eager", "fwd+bwd"]
+    assert oom.oom and "OOM" in bench.format_row(oom)
+    assert by_key["torch", "fwd+bwd"].speedup_vs_eager is None
+
+    sdpa, torch_fwd, eager_fwd = by_key["sdpa", "fwd"], by_key["torch", "fwd"], by_key["eager", "fwd"]
+    assert sdpa.backend in ("flash", "efficient", "math")
+    assert sdpa.ratio_to_sdpa == pytest.approx(1.0)
+    assert torch_fwd.ratio_to_sdpa == pytest.approx(torch_fwd.ms / sdpa.ms)
+    assert torch_fwd.speedup_vs_eager == pytest.approx(eager_fwd.ms / torch_fwd.ms)
+    assert torch_fwd.speedup_vs_compiled is None
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_check_problem_agrees_with_float64(causal):
+    problem = bench.Problem(2, 3, 40, 16, torch.float32, causal)
+    results = bench.check_problem(problem, ["torch", "eager", "compiled", "sdpa"], CPU)
+    assert [r.impl for r in results] == ["torch", "eager"]
+    assert all(r.checked_shape == "1x2x40x16" for r in results)
+    assert all(r.passed and max(r.kl, r.dq, r.dk) < 1e-5 for r in results)
+
+
+def test_check_fails_on_a_wrong_kl(monkeypatch):
+    monkeypatch.setattr(
+        bench, "eager_attention_kl_rows", lambda q, k, qt, kt, causal: (q @ k.transpose(-2, -1)).float().sum(-1)
+    )
+    (result,) = bench.check_problem(TINY, ["eager"], CPU)
+    assert not result.passed and "FAIL" in bench.format_checks([result])
+
+
+def test_eager_causal_matches_reference_without_nan():
+    q, k, qt, kt = (torch.randn(1, 2, 33, 8) for _ in range(4))
+    expected = bench.attention_kl_reference(q, k, qt, kt, causal=True, reduction="none")
+    rows = bench.eager_attention_kl_rows(q, k, qt, kt, causal=True)
+    assert torch.isfinite(rows).all()
+    torch.testing.assert_close(rows.double(), expected, rtol=1e-4, atol=1e-6)
+
+
+def test_parse_shape_rejects_bad_text():
+    assert bench.parse_shape("8x12x1024x64") == (8, 12, 1024, 64)
+    for text in ("8x12x1024", "8x12x0x64", "axbxcxd"):
+        with pytest.raises(Exception, match="BxHxNxD"):
+            bench.parse_shape(text)
+
+
+def test_build_problems_adds_extras_once():
+    problems = bench.build_problems(
+        [(1, 2, 64, 16)], [torch.bfloat16, torch.float32], [(1, 2, 64, 16)], [(1, 2, 32, 16)], causal=False
+    )
+    assert [(p.label, p.dtype_name, p.causal) for p in problems] == [
+        ("1x2x64x16", "bf16", False),
+        ("1x2x64x16", "fp32", False),
+        ("1x2x32x16", "bf16", True),
+    ]
+
+
+def test_main_writes_table_and_json(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    argv = [
+        "--device", "cpu", "--shapes", "1x2x32x16", "--fp32-shapes", "--causal-shapes", "1x1x24x16",
+        "--impls", "torch", "eager", "sdpa", "--modes", "fwd", "fwd+bwd", "--json", str(out),
+        "--commit", "abc123",
+    ]
+    assert bench.main(argv) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert "commit abc123" in printed[0]
+    assert printed[1] == bench.format_table_header()
+    payload = json.loads(out.read_text())
+    assert len(payload["rows"]) == 2 * 3 * 2
+    assert len(payload["checks"]) == 2 * 2
+    assert {row["shape"] for row in payload["rows"]} == {"1x2x32x16", "1x1x24x16"}
+    assert payload["environment"]["commit"] == "abc123"
