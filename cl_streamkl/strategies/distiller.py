@@ -1,0 +1,369 @@
+"""Attention distillation from a frozen teacher snapshot, independent of any CL framework.
+
+:class:`AttentionDistiller` keeps a frozen copy of a model (the *teacher*, e.g. the model
+as it was after the previous task) and turns the Q/K that the student's selected blocks
+multiply into a StreamKL penalty: ``alpha`` × the mean over those blocks of
+``attention_kl(q_student, k_student, q_teacher, k_teacher, reduction="mean")``.
+The Avalanche plugin (:mod:`cl_streamkl.strategies.plugin`) is a thin adapter over it;
+a plain PyTorch loop can use it directly:
+
+Example:
+    >>> distiller = AttentionDistiller(alpha=1.0, layers="all")
+    >>> distiller.update_teacher(model)            # after finishing a task
+    >>> with distiller.student_capture(model) as cap:
+    ...     logits = model(x)
+    >>> loss = F.cross_entropy(logits, y) + distiller.penalty(x, cap.qk, student_scales=cap.scales)
+    >>> loss.backward()
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from numbers import Real
+from typing import Any
+
+import torch
+from torch import nn
+
+from cl_streamkl.attention_kl import attention_kl
+from cl_streamkl.capture import LayerSpec, QKCapture
+from cl_streamkl.kernels.validation import check_options
+
+__all__ = ["AttentionDistiller", "frozen_copy"]
+
+STATE_FORMAT = "cl_streamkl.AttentionDistiller/1"
+
+
+def _hook_dict_names(module: nn.Module) -> list[str]:
+    return [
+        name
+        for name, value in vars(module).items()
+        if name.startswith(("_forward", "_backward")) and "hooks" in name and isinstance(value, dict)
+    ]
+
+
+@contextmanager
+def _hooks_detached(model: nn.Module) -> Iterator[None]:
+    """Temporarily empty every forward/backward hook table of ``model``'s modules.
+
+    ``copy.deepcopy`` would otherwise copy the hooks, and with them whatever their
+    closures reference (captures, strategies, recorded tensors).
+    """
+    saved: list[tuple[nn.Module, str, dict]] = []
+    try:
+        for module in model.modules():
+            for name in _hook_dict_names(module):
+                table = getattr(module, name)
+                saved.append((module, name, table))
+                setattr(module, name, type(table)())
+        yield
+    finally:
+        for module, name, table in saved:
+            setattr(module, name, table)
+
+
+def frozen_copy(model: nn.Module) -> nn.Module:
+    """A hook-free deep copy of ``model`` in eval mode with ``requires_grad=False`` everywhere.
+
+    The copy lives on the same device(s) as ``model``; ``model`` itself is left as it was.
+    """
+    with _hooks_detached(model):
+        snapshot = copy.deepcopy(model)
+    snapshot.eval()
+    snapshot.requires_grad_(False)
+    return snapshot
+
+
+def _named_tensors(model: nn.Module) -> OrderedDict[str, torch.Tensor]:
+    """Every parameter and buffer (persistent or not), as plain detached tensors."""
+    tensors: OrderedDict[str, torch.Tensor] = OrderedDict()
+    for name, param in model.named_parameters():
+        tensors[name] = param.detach()
+    for name, buffer in model.named_buffers():
+        tensors[name] = buffer.detach()
+    return tensors
+
+
+def _check_alpha(alpha: object) -> float:
+    if isinstance(alpha, bool) or not isinstance(alpha, Real):
+        raise TypeError(f"alpha must be a real number, got {type(alpha).__name__}")
+    alpha = float(alpha)
+    if not math.isfinite(alpha) or alpha < 0.0:
+        raise ValueError(f"alpha must be a finite number >= 0, got {alpha}")
+    return alpha
+
+
+def _check_layers(layers: object) -> LayerSpec:
+    """Check the form of ``layers`` before a model is known (ranges are checked on attach)."""
+    if isinstance(layers, str):
+        if layers != "all":
+            raise ValueError(f"layers must be 'all', an int or a list of ints, got the string {layers!r}")
+        return layers
+    if isinstance(layers, bool):
+        raise TypeError("layers must be 'all', an int or a list of ints, got a bool")
+    if isinstance(layers, int):
+        if layers < 1:
+            raise ValueError(f"layers={layers} selects the last n blocks and needs n >= 1")
+        return layers
+    if not isinstance(layers, (list, tuple)):
+        raise TypeError(f"layers must be 'all', an int or a list of ints, got {type(layers).__name__}")
+    if not layers:
+        raise ValueError("layers must not be an empty list")
+    for index in layers:
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise TypeError(f"layers must contain ints, got {index!r}")
+    return list(layers)
+
+
+class AttentionDistiller:
+    """StreamKL attention distillation from a frozen teacher snapshot.
+
+    Args:
+        alpha: weight of the penalty, >= 0.
+        layers: blocks to distil: ``"all"``, an int n (the last n blocks) or a list of
+            block indices (negative allowed), as in timm's ``forward_intermediates``.
+        temperature: softmax temperature of both attention distributions, > 0.
+        backend: ``attention_kl`` backend: ``"auto"``, ``"triton"`` or ``"torch"``.
+
+    Attributes:
+        teacher_updates: how many times :meth:`update_teacher` has run (restored by
+            :meth:`load_state_dict`).
+
+    Raises:
+        TypeError / ValueError: an argument has the wrong type or value.
+    """
+
+    def __init__(
+        self,
+        alpha: float = 1.0,
+        layers: LayerSpec = "all",
+        temperature: float = 1.0,
+        backend: str = "auto",
+    ) -> None:
+        self.alpha = _check_alpha(alpha)
+        check_options(
+            scale=None, teacher_scale=None, temperature=temperature, causal=False, reduction="mean", backend=backend
+        )
+        self.temperature = float(temperature)
+        self.backend = backend
+        self.layers: LayerSpec = _check_layers(layers)
+        self.teacher_updates = 0
+        self._teacher: nn.Module | None = None
+        self._pending_teacher: dict[str, torch.Tensor] | None = None
+
+    @property
+    def teacher(self) -> nn.Module | None:
+        """The frozen snapshot, or ``None`` before the first :meth:`update_teacher`."""
+        return self._teacher
+
+    @property
+    def restore_pending(self) -> bool:
+        """Whether a loaded teacher waits for :meth:`attach` to get its module structure."""
+        return self._pending_teacher is not None
+
+    def validate(self, model: nn.Module) -> list[int]:
+        """Check that ``model`` can be distilled with these layers; return the block indices.
+
+        Raises:
+            TypeError: ``model`` has no capturable attention.
+            ValueError: ``layers`` does not fit the model's number of blocks.
+        """
+        return QKCapture(model, self.layers).block_indices
+
+    def update_teacher(self, model: nn.Module) -> nn.Module:
+        """Replace the teacher by a frozen snapshot of ``model``.
+
+        The old teacher is released before copying, so at most one snapshot is alive.
+        The snapshot is a deep copy taken without ``model``'s hooks, in ``eval()`` mode,
+        with every parameter ``requires_grad=False``, on ``model``'s device.
+
+        Returns:
+            The new teacher.
+        """
+        self.validate(model)
+        self._teacher = None
+        self._pending_teacher = None
+        self._teacher = frozen_copy(model)
+        self.teacher_updates += 1
+        return self._teacher
+
+    def student_capture(self, model: nn.Module) -> QKCapture:
+        """A :class:`QKCapture` of ``model`` for the selected layers (enter it around the forward)."""
+        return QKCapture(model, self.layers)
+
+    def teacher_qk(self, x: Any) -> QKCapture:
+        """Run the teacher on ``x`` under ``torch.no_grad()`` and return its capture.
+
+        Raises:
+            RuntimeError: there is no teacher.
+        """
+        teacher = self._require_teacher()
+        capture = QKCapture(teacher, self.layers)
+        with torch.no_grad(), capture:
+            teacher(x)
+        return capture
+
+    def penalty(
+        self,
+        x: Any,
+        student_qk: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        *,
+        student_scales: Sequence[float] | None = None,
+    ) -> torch.Tensor:
+        """``alpha`` × mean over layers of KL(P_teacher ‖ P_student) on the batch ``x``.
+
+        Args:
+            x: the input the student was run on (anything the teacher's forward accepts).
+            student_qk: ``capture.qk`` of :meth:`student_capture`: per selected block,
+                q (B, H, N, D) and k (B, H, N, D) with their autograd graph.
+            student_scales: ``capture.scales``; ``None`` means ``D**-0.5`` per block.
+
+        Returns:
+            A 0-dim float32 tensor differentiable w.r.t. the student's Q/K; a zero tensor
+            (on ``x``'s device) when there is no teacher yet or ``alpha`` is 0.
+
+        Raises:
+            RuntimeError: a loaded teacher was not attached to a model yet.
+            ValueError: ``student_qk`` does not match the selected layers.
+        """
+        if self._pending_teacher is not None:
+            raise RuntimeError("a teacher was loaded by load_state_dict(); call attach(model) before penalty()")
+        if self._teacher is None or self.alpha == 0.0:
+            device = x.device if isinstance(x, torch.Tensor) else None
+            return torch.zeros((), dtype=torch.float32, device=device)
+        teacher_capture = self.teacher_qk(x)
+        teacher_qk, teacher_scales = teacher_capture.qk, teacher_capture.scales
+        if len(student_qk) != len(teacher_qk):
+            raise ValueError(
+                f"student_qk has {len(student_qk)} blocks but the layer selection {self.layers!r} gives "
+                f"{len(teacher_qk)}; pass capture.qk of student_capture()"
+            )
+        if student_scales is None:
+            student_scales = [None] * len(student_qk)
+        elif len(student_scales) != len(student_qk):
+            raise ValueError(f"student_scales has {len(student_scales)} entries, expected {len(student_qk)}")
+        per_layer = []
+        for (q, k), (q_t, k_t), scale, teacher_scale in zip(student_qk, teacher_qk, student_scales, teacher_scales):
+            # Under autocast the teacher may have run in another precision than the student did.
+            if q_t.dtype != q.dtype:
+                q_t, k_t = q_t.to(q.dtype), k_t.to(q.dtype)
+            per_layer.append(
+                attention_kl(
+                    q, k, q_t, k_t,
+                    scale=scale,
+                    teacher_scale=teacher_scale,
+                    temperature=self.temperature,
+                    reduction="mean",
+                    backend=self.backend,
+                )
+            )
+        return self.alpha * torch.stack(per_layer).mean()
+
+    def _require_teacher(self) -> nn.Module:
+        if self._teacher is None:
+            raise RuntimeError("there is no teacher yet; call update_teacher(model) first")
+        return self._teacher
+
+    def attach(self, model: nn.Module) -> None:
+        """Validate ``model`` and rebuild a teacher loaded by :meth:`load_state_dict`.
+
+        The teacher gets ``model``'s structure (a frozen copy) and then, bit for bit, the
+        saved parameters and buffers.
+
+        Raises:
+            TypeError / ValueError: as :meth:`validate`, or the saved teacher's tensor
+                names, shapes or dtypes do not match ``model``.
+        """
+        self.validate(model)
+        if self._pending_teacher is None:
+            return
+        saved = self._pending_teacher
+        teacher = frozen_copy(model)
+        targets = _named_tensors(teacher)
+        if set(targets) != set(saved):
+            missing = sorted(set(targets) - set(saved))[:5]
+            unexpected = sorted(set(saved) - set(targets))[:5]
+            raise ValueError(
+                f"the saved teacher does not fit this model: missing {missing}, unexpected {unexpected}"
+            )
+        for name, target in targets.items():
+            source = saved[name]
+            if source.shape != target.shape or source.dtype != target.dtype:
+                raise ValueError(
+                    f"the saved teacher's {name} is {source.dtype}{tuple(source.shape)} but the model's is "
+                    f"{target.dtype}{tuple(target.shape)}"
+                )
+        with torch.no_grad():
+            for name, target in targets.items():
+                target.copy_(saved[name])
+        self._teacher = teacher
+        self._pending_teacher = None
+
+    def _config(self) -> dict[str, Any]:
+        return {
+            "alpha": self.alpha,
+            "layers": list(self.layers) if isinstance(self.layers, (list, tuple)) else self.layers,
+            "temperature": self.temperature,
+            "backend": self.backend,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Configuration, counters and the teacher's parameters and buffers.
+
+        Only plain containers, numbers, strings and tensors, so
+        ``torch.load(path, weights_only=True)`` reads it back. Tensors are shared with
+        the teacher, not cloned (the teacher never changes).
+        """
+        if self._pending_teacher is not None:
+            teacher_tensors: dict[str, torch.Tensor] | None = dict(self._pending_teacher)
+        elif self._teacher is not None:
+            teacher_tensors = dict(_named_tensors(self._teacher))
+        else:
+            teacher_tensors = None
+        return {
+            "format": STATE_FORMAT,
+            "config": self._config(),
+            "teacher_updates": self.teacher_updates,
+            "teacher": teacher_tensors,
+        }
+
+    def load_state_dict(self, state: dict[str, Any], model: nn.Module | None = None) -> None:
+        """Restore from :meth:`state_dict`.
+
+        Without ``model`` the teacher's tensors are kept until :meth:`attach` supplies
+        the module structure (the Avalanche plugin attaches when training starts).
+
+        Raises:
+            TypeError: ``state`` is not a dict.
+            ValueError: ``state`` is not a distiller state, or was saved with another
+                alpha/layers/temperature/backend (the penalty would differ silently).
+        """
+        if not isinstance(state, dict):
+            raise TypeError(f"state must be a dict, got {type(state).__name__}")
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"state is not an AttentionDistiller state (format {state.get('format')!r})")
+        if state["config"] != self._config():
+            raise ValueError(
+                f"state was saved with {state['config']} but this distiller has {self._config()}; "
+                "construct it with the same alpha, layers, temperature and backend"
+            )
+        teacher = state["teacher"]
+        if teacher is not None and not (
+            isinstance(teacher, dict) and all(isinstance(t, torch.Tensor) for t in teacher.values())
+        ):
+            raise ValueError("state['teacher'] must be None or a dict of tensors")
+        self.teacher_updates = int(state["teacher_updates"])
+        self._teacher = None
+        self._pending_teacher = dict(teacher) if teacher is not None else None
+        if model is not None:
+            self.attach(model)
+
+    def __repr__(self) -> str:
+        return (
+            f"AttentionDistiller(alpha={self.alpha}, layers={self.layers!r}, temperature={self.temperature}, "
+            f"backend={self.backend!r}, teacher_updates={self.teacher_updates})"
+        )

@@ -1,0 +1,171 @@
+"""Avalanche adapter: :class:`StreamKLPlugin` over :class:`AttentionDistiller`.
+
+Each callback does one thing:
+
+* ``before_training``: validate the model against the layer selection and rebuild a
+  teacher restored by :meth:`StreamKLPlugin.load_state_dict`;
+* ``before_forward`` / ``after_forward``: hook the student's attention around the
+  strategy's own forward, so the student runs once and its Q/K keep their graph;
+* ``before_backward``: run the teacher on ``strategy.mb_x`` and add the penalty to
+  ``strategy.loss``;
+* ``after_training_exp``: snapshot the model as the next teacher.
+
+Example:
+    >>> plugin = StreamKLPlugin(alpha=1.0, layers="all")
+    >>> strategy = Naive(model=vit, optimizer=opt, criterion=nn.CrossEntropyLoss(),
+    ...                  plugins=[plugin], evaluator=EvaluationPlugin(
+    ...                      loss_metrics(epoch=True), streamkl_penalty_metrics(epoch=True),
+    ...                      loggers=[InteractiveLogger()]))
+    >>> for experience in benchmark.train_stream:
+    ...     strategy.train(experience)
+    >>> torch.save(plugin.state_dict(), "streamkl.pt")
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from avalanche.training.plugins import SupervisedPlugin
+from torch import nn
+
+from cl_streamkl.capture import LayerSpec, QKCapture
+from cl_streamkl.strategies.distiller import AttentionDistiller
+
+if TYPE_CHECKING:
+    from avalanche.training.templates import SupervisedTemplate
+
+__all__ = ["StreamKLPlugin"]
+
+STATE_FORMAT = "cl_streamkl.StreamKLPlugin/1"
+
+
+class StreamKLPlugin(SupervisedPlugin):
+    """Distil the previous experience's attention into the current model (StreamKL).
+
+    First experience: no penalty. After every training experience the model is
+    snapshotted as a frozen teacher; on every later training iteration the teacher
+    runs under ``torch.no_grad()`` on ``strategy.mb_x`` and
+    ``alpha × mean_layers attention_kl(q_s, k_s, q_t, k_t, temperature=...,
+    reduction="mean")`` is added to ``strategy.loss`` before backward.
+
+    Args:
+        alpha: penalty weight, >= 0.
+        layers: ``"all"``, an int n (the last n blocks) or a list of block indices.
+        temperature: softmax temperature, > 0.
+        backend: ``attention_kl`` backend (``"auto"``, ``"triton"``, ``"torch"``).
+
+    Raises:
+        TypeError / ValueError: bad arguments here; a model without capturable
+            attention or a layer index out of range when training starts.
+    """
+
+    def __init__(
+        self,
+        alpha: float = 1.0,
+        layers: LayerSpec = "all",
+        temperature: float = 1.0,
+        backend: str = "auto",
+    ) -> None:
+        super().__init__()
+        self.distiller = AttentionDistiller(alpha=alpha, layers=layers, temperature=temperature, backend=backend)
+        self._capture: QKCapture | None = None
+        self._last_penalty: torch.Tensor | float = 0.0
+
+    @property
+    def teacher(self) -> nn.Module | None:
+        """The frozen snapshot of the model after the last training experience."""
+        return self.distiller.teacher
+
+    @property
+    def last_penalty(self) -> float:
+        """The penalty of the last training iteration (0.0 while there is no teacher)."""
+        value = self._last_penalty
+        # Kept as a tensor until read so training does not sync the device every step.
+        if isinstance(value, torch.Tensor):
+            value = float(value)
+            self._last_penalty = value
+        return value
+
+    def check_model(self, model: nn.Module) -> list[int]:
+        """Raise now if ``model`` cannot be distilled; return the selected block indices."""
+        return self.distiller.validate(model)
+
+    def before_training(self, strategy: SupervisedTemplate, *args: Any, **kwargs: Any) -> None:
+        self.distiller.attach(strategy.model)
+
+    def before_forward(self, strategy: SupervisedTemplate, *args: Any, **kwargs: Any) -> None:
+        self._close_capture()
+        if self.distiller.teacher is not None:
+            self._capture = self.distiller.student_capture(strategy.model)
+            self._capture.__enter__()
+
+    def after_forward(self, strategy: SupervisedTemplate, *args: Any, **kwargs: Any) -> None:
+        if self._capture is not None:
+            self._capture.remove_hooks()
+
+    def before_backward(self, strategy: SupervisedTemplate, *args: Any, **kwargs: Any) -> None:
+        capture = self._capture
+        if capture is None:
+            self._last_penalty = 0.0
+            return
+        self._capture = None
+        penalty = self.distiller.penalty(strategy.mb_x, capture.qk, student_scales=capture.scales)
+        capture.clear()
+        strategy.loss += penalty
+        self._last_penalty = penalty.detach()
+
+    def after_training_iteration(self, strategy: SupervisedTemplate, *args: Any, **kwargs: Any) -> None:
+        self._close_capture()
+
+    def after_training_exp(self, strategy: SupervisedTemplate, *args: Any, **kwargs: Any) -> None:
+        self._close_capture()
+        self.distiller.update_teacher(strategy.model)
+
+    def after_training(self, strategy: SupervisedTemplate, *args: Any, **kwargs: Any) -> None:
+        self._close_capture()
+
+    def _close_capture(self) -> None:
+        if self._capture is not None:
+            self._capture.remove_hooks()
+            self._capture.clear()
+            self._capture = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Teacher snapshot (parameters and buffers), configuration and counters.
+
+        Plain dicts, numbers, strings and tensors only: save with ``torch.save`` and
+        read back with ``torch.load(path, weights_only=True)``.
+        """
+        return {
+            "format": STATE_FORMAT,
+            "distiller": self.distiller.state_dict(),
+            "last_penalty": self.last_penalty,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore from :meth:`state_dict`.
+
+        The teacher is rebuilt when the plugin next sees the strategy's model (at the
+        start of ``strategy.train``), from that model's structure and the saved tensors,
+        bit for bit. Call :meth:`attach` to rebuild it earlier.
+
+        Raises:
+            TypeError / ValueError: ``state`` is not a StreamKLPlugin state or was saved
+                with another configuration.
+        """
+        if not isinstance(state, dict):
+            raise TypeError(f"state must be a dict, got {type(state).__name__}")
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"state is not a StreamKLPlugin state (format {state.get('format')!r})")
+        self._close_capture()
+        self.distiller.load_state_dict(state["distiller"])
+        self._last_penalty = float(state["last_penalty"])
+
+    def attach(self, model: nn.Module) -> None:
+        """Validate ``model`` and rebuild a restored teacher from its structure now."""
+        self.distiller.attach(model)
+
+    def __repr__(self) -> str:
+        d = self.distiller
+        return f"StreamKLPlugin(alpha={d.alpha}, layers={d.layers!r}, temperature={d.temperature}, backend={d.backend!r})"
