@@ -38,6 +38,46 @@ def _dot(a, b, DOT_PRECISION: tl.constexpr):
     return tl.dot(a, b, input_precision=DOT_PRECISION)
 
 
+@triton.jit
+def _load_rows(base, index, stride, dims, limit, dim_limit):
+    """Load a [len(index), len(dims)] tile of rows index (< limit), zero-padded."""
+    return tl.load(
+        base + index.to(tl.int64)[:, None] * stride + dims[None, :],
+        mask=(index[:, None] < limit) & (dims[None, :] < dim_limit),
+        other=0.0,
+    )
+
+
+@triton.jit
+def _fwd_tile(
+    q, qt, k, kt, rows, keys, n_k,
+    scale_s_log2, scale_t_log2,
+    max_s, sum_s, max_t, sum_t, gap,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """One key tile of the online forward; returns the updated running state."""
+    u_s = _dot(q, tl.trans(k), DOT_PRECISION) * scale_s_log2
+    u_t = _dot(qt, tl.trans(kt), DOT_PRECISION) * scale_t_log2
+    score_gap = u_t - u_s
+    if MASKED:
+        # Masked entries get 2^-inf = 0 weight and a zero gap (never -inf - -inf).
+        valid = keys[None, :] < n_k
+        if CAUSAL:
+            valid = valid & (keys[None, :] <= rows[:, None])
+        score_gap = tl.where(valid, score_gap, 0.0)
+        u_s = tl.where(valid, u_s, float("-inf"))
+        u_t = tl.where(valid, u_t, float("-inf"))
+
+    new_max_s = tl.maximum(max_s, tl.max(u_s, 1))
+    sum_s = sum_s * tl.math.exp2(max_s - new_max_s) + tl.sum(tl.math.exp2(u_s - new_max_s[:, None]), 1)
+
+    new_max_t = tl.maximum(max_t, tl.max(u_t, 1))
+    rescale_t = tl.math.exp2(max_t - new_max_t)
+    p_t = tl.math.exp2(u_t - new_max_t[:, None])
+    sum_t = sum_t * rescale_t + tl.sum(p_t, 1)
+    gap = gap * rescale_t + tl.sum(p_t * score_gap, 1)
+    return new_max_s, sum_s, new_max_t, sum_t, gap
+
 
 @triton.jit
 def _attention_kl_fwd_kernel(
@@ -70,22 +110,12 @@ def _attention_kl_fwd_kernel(
     batch = pid_bh // num_heads
     head = pid_bh % num_heads
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rows64 = rows.to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     dims_s = tl.arange(0, BLOCK_DS)
     dims_t = tl.arange(0, BLOCK_DT)
-    row_ok = rows < n_q
 
-    q = tl.load(
-        Q + batch * stride_qb + head * stride_qh + rows64[:, None] * stride_qn + dims_s[None, :],
-        mask=row_ok[:, None] & (dims_s[None, :] < d_s),
-        other=0.0,
-    )
-    qt = tl.load(
-        QT + batch * stride_qtb + head * stride_qth + rows64[:, None] * stride_qtn + dims_t[None, :],
-        mask=row_ok[:, None] & (dims_t[None, :] < d_t),
-        other=0.0,
-    )
+    q = _load_rows(Q + batch * stride_qb + head * stride_qh, rows, stride_qn, dims_s, n_q, d_s)
+    qt = _load_rows(QT + batch * stride_qtb + head * stride_qth, rows, stride_qtn, dims_t, n_q, d_t)
     k_base = K + batch * stride_kb + head * stride_kh
     kt_base = KT + batch * stride_ktb + head * stride_kth
 
@@ -95,55 +125,84 @@ def _attention_kl_fwd_kernel(
     sum_t = tl.zeros([BLOCK_M], tl.float32)
     gap = tl.zeros([BLOCK_M], tl.float32)
 
+    # Tiles before full_end need no mask; only the ragged tail (and, causal, the
+    # diagonal tiles) pay for the three selects per score.
     if CAUSAL:
+        full_end = (pid_m * BLOCK_M // BLOCK_N) * BLOCK_N
         key_end = tl.minimum((pid_m + 1) * BLOCK_M, n_k)
     else:
+        full_end = (n_k // BLOCK_N) * BLOCK_N
         key_end = n_k
-    for start_n in range(0, key_end, BLOCK_N):
+    for start_n in range(0, full_end, BLOCK_N):
         keys = start_n + cols
-        keys64 = keys.to(tl.int64)
-        key_ok = keys < n_k
-        k = tl.load(
-            k_base + keys64[:, None] * stride_kn + dims_s[None, :],
-            mask=key_ok[:, None] & (dims_s[None, :] < d_s),
-            other=0.0,
+        k = _load_rows(k_base, keys, stride_kn, dims_s, n_k, d_s)
+        kt = _load_rows(kt_base, keys, stride_ktn, dims_t, n_k, d_t)
+        max_s, sum_s, max_t, sum_t, gap = _fwd_tile(
+            q, qt, k, kt, rows, keys, n_k, scale_s_log2, scale_t_log2,
+            max_s, sum_s, max_t, sum_t, gap, False, CAUSAL, DOT_PRECISION,
         )
-        kt = tl.load(
-            kt_base + keys64[:, None] * stride_ktn + dims_t[None, :],
-            mask=key_ok[:, None] & (dims_t[None, :] < d_t),
-            other=0.0,
+    for start_n in range(full_end, key_end, BLOCK_N):
+        keys = start_n + cols
+        k = _load_rows(k_base, keys, stride_kn, dims_s, n_k, d_s)
+        kt = _load_rows(kt_base, keys, stride_ktn, dims_t, n_k, d_t)
+        max_s, sum_s, max_t, sum_t, gap = _fwd_tile(
+            q, qt, k, kt, rows, keys, n_k, scale_s_log2, scale_t_log2,
+            max_s, sum_s, max_t, sum_t, gap, True, CAUSAL, DOT_PRECISION,
         )
-        u_s = _dot(q, tl.trans(k), DOT_PRECISION) * scale_s_log2
-        u_t = _dot(qt, tl.trans(kt), DOT_PRECISION) * scale_t_log2
-        valid = key_ok[None, :]
-        if CAUSAL:
-            valid = valid & (keys[None, :] <= rows[:, None])
-        # Masked entries get 2^-inf = 0 weight and a zero score gap (never -inf - -inf).
-        score_gap = tl.where(valid, u_t - u_s, 0.0)
-        u_s = tl.where(valid, u_s, float("-inf"))
-        u_t = tl.where(valid, u_t, float("-inf"))
-
-        new_max_s = tl.maximum(max_s, tl.max(u_s, 1))
-        sum_s = sum_s * tl.math.exp2(max_s - new_max_s) + tl.sum(
-            tl.math.exp2(u_s - new_max_s[:, None]), 1
-        )
-        max_s = new_max_s
-
-        new_max_t = tl.maximum(max_t, tl.max(u_t, 1))
-        rescale_t = tl.math.exp2(max_t - new_max_t)
-        p_t = tl.math.exp2(u_t - new_max_t[:, None])
-        sum_t = sum_t * rescale_t + tl.sum(p_t, 1)
-        gap = gap * rescale_t + tl.sum(p_t * score_gap, 1)
-        max_t = new_max_t
 
     log2_sum_s = tl.math.log2(sum_s)
     log2_sum_t = tl.math.log2(sum_t)
     # Subtract the maxima first: both log-sum-exps can be large and nearly equal.
     row_kl = (gap / sum_t - (max_t - max_s) - log2_sum_t + log2_sum_s) * 0.6931471805599453
-    out = pid_bh * n_q + rows64
+    out = pid_bh * n_q + rows.to(tl.int64)
+    row_ok = rows < n_q
     tl.store(ROW_KL + out, row_kl, mask=row_ok)
     tl.store(LSE_S + out, max_s + log2_sum_s, mask=row_ok)
     tl.store(LSE_T + out, max_t + log2_sum_t, mask=row_ok)
+
+
+@triton.jit
+def _score_grads(
+    log2_p_s, log2_p_t, grad, row_kl, valid,
+    MASKED: tl.constexpr, TEACHER_GRAD: tl.constexpr,
+):
+    """dKL/ds_student = g·(P_s − P_t) and, if asked, dKL/ds_teacher = g·P_t·(log P_t − log P_s − KL).
+
+    All operands are in the orientation of the caller's score tile; grad and
+    row_kl are already broadcast to it. Chain-rule scales are applied by the caller.
+    """
+    p_s = tl.math.exp2(log2_p_s)
+    p_t = tl.math.exp2(log2_p_t)
+    if MASKED:
+        p_s = tl.where(valid, p_s, 0.0)
+        p_t = tl.where(valid, p_t, 0.0)
+    grad_scores = (p_s - p_t) * grad
+    if TEACHER_GRAD:
+        log_ratio = (log2_p_t - log2_p_s) * 0.6931471805599453
+        grad_scores_t = p_t * (log_ratio - row_kl) * grad
+    else:
+        grad_scores_t = grad_scores
+    return grad_scores, grad_scores_t
+
+
+@triton.jit
+def _bwd_dq_tile(
+    q, qt, k, kt, rows, keys, n_k, lse_s, lse_t, grad, row_kl, dq, dqt,
+    scale_s_log2, scale_t_log2,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, TEACHER_GRAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    log2_p_s = _dot(q, tl.trans(k), DOT_PRECISION) * scale_s_log2 - lse_s[:, None]
+    log2_p_t = _dot(qt, tl.trans(kt), DOT_PRECISION) * scale_t_log2 - lse_t[:, None]
+    valid = keys[None, :] < n_k
+    if CAUSAL:
+        valid = valid & (keys[None, :] <= rows[:, None])
+    grad_scores, grad_scores_t = _score_grads(
+        log2_p_s, log2_p_t, grad[:, None], row_kl[:, None], valid, MASKED, TEACHER_GRAD
+    )
+    dq += _dot(grad_scores.to(k.dtype), k, DOT_PRECISION)
+    if TEACHER_GRAD:
+        dqt += _dot(grad_scores_t.to(kt.dtype), kt, DOT_PRECISION)
+    return dq, dqt
 
 
 @triton.jit
@@ -187,75 +246,89 @@ def _attention_kl_bwd_dq_kernel(
     dims_s = tl.arange(0, BLOCK_DS)
     dims_t = tl.arange(0, BLOCK_DT)
     row_ok = rows < n_q
-    q_mask = row_ok[:, None] & (dims_s[None, :] < d_s)
-    qt_mask = row_ok[:, None] & (dims_t[None, :] < d_t)
 
-    q = tl.load(
-        Q + batch * stride_qb + head * stride_qh + rows64[:, None] * stride_qn + dims_s[None, :],
-        mask=q_mask,
-        other=0.0,
-    )
-    qt = tl.load(
-        QT + batch * stride_qtb + head * stride_qth + rows64[:, None] * stride_qtn + dims_t[None, :],
-        mask=qt_mask,
-        other=0.0,
-    )
+    q = _load_rows(Q + batch * stride_qb + head * stride_qh, rows, stride_qn, dims_s, n_q, d_s)
+    qt = _load_rows(QT + batch * stride_qtb + head * stride_qth, rows, stride_qtn, dims_t, n_q, d_t)
     row_out = pid_bh * n_q + rows64
     lse_s = tl.load(LSE_S + row_out, mask=row_ok, other=0.0)
     lse_t = tl.load(LSE_T + row_out, mask=row_ok, other=0.0)
-    grad = tl.load(
-        GRAD + batch * stride_gb + head * stride_gh + rows64 * stride_gn, mask=row_ok, other=0.0
-    )
+    # Padded rows get grad 0, so their (finite) scores contribute nothing.
+    grad = tl.load(GRAD + batch * stride_gb + head * stride_gh + rows64 * stride_gn, mask=row_ok, other=0.0)
     if TEACHER_GRAD:
         row_kl = tl.load(ROW_KL + row_out, mask=row_ok, other=0.0)
+    else:
+        row_kl = grad
     k_base = K + batch * stride_kb + head * stride_kh
     kt_base = KT + batch * stride_ktb + head * stride_kth
 
     dq = tl.zeros([BLOCK_M, BLOCK_DS], tl.float32)
     dqt = tl.zeros([BLOCK_M, BLOCK_DT], tl.float32)
     if CAUSAL:
+        full_end = (pid_m * BLOCK_M // BLOCK_N) * BLOCK_N
         key_end = tl.minimum((pid_m + 1) * BLOCK_M, n_k)
     else:
+        full_end = (n_k // BLOCK_N) * BLOCK_N
         key_end = n_k
-    for start_n in range(0, key_end, BLOCK_N):
+    for start_n in range(0, full_end, BLOCK_N):
         keys = start_n + cols
-        keys64 = keys.to(tl.int64)
-        key_ok = keys < n_k
-        k = tl.load(
-            k_base + keys64[:, None] * stride_kn + dims_s[None, :],
-            mask=key_ok[:, None] & (dims_s[None, :] < d_s),
-            other=0.0,
+        k = _load_rows(k_base, keys, stride_kn, dims_s, n_k, d_s)
+        kt = _load_rows(kt_base, keys, stride_ktn, dims_t, n_k, d_t)
+        dq, dqt = _bwd_dq_tile(
+            q, qt, k, kt, rows, keys, n_k, lse_s, lse_t, grad, row_kl, dq, dqt,
+            scale_s_log2, scale_t_log2, False, CAUSAL, TEACHER_GRAD, DOT_PRECISION,
         )
-        kt = tl.load(
-            kt_base + keys64[:, None] * stride_ktn + dims_t[None, :],
-            mask=key_ok[:, None] & (dims_t[None, :] < d_t),
-            other=0.0,
+    for start_n in range(full_end, key_end, BLOCK_N):
+        keys = start_n + cols
+        k = _load_rows(k_base, keys, stride_kn, dims_s, n_k, d_s)
+        kt = _load_rows(kt_base, keys, stride_ktn, dims_t, n_k, d_t)
+        dq, dqt = _bwd_dq_tile(
+            q, qt, k, kt, rows, keys, n_k, lse_s, lse_t, grad, row_kl, dq, dqt,
+            scale_s_log2, scale_t_log2, True, CAUSAL, TEACHER_GRAD, DOT_PRECISION,
         )
-        log2_p_s = _dot(q, tl.trans(k), DOT_PRECISION) * scale_s_log2 - lse_s[:, None]
-        log2_p_t = _dot(qt, tl.trans(kt), DOT_PRECISION) * scale_t_log2 - lse_t[:, None]
-        valid = key_ok[None, :]
-        if CAUSAL:
-            valid = valid & (keys[None, :] <= rows[:, None])
-        p_s = tl.where(valid, tl.math.exp2(log2_p_s), 0.0)
-        p_t = tl.where(valid, tl.math.exp2(log2_p_t), 0.0)
-        grad_scores = (p_s - p_t) * grad[:, None]
-        dq += _dot(grad_scores.to(k.dtype), k, DOT_PRECISION)
-        if TEACHER_GRAD:
-            log_ratio = (log2_p_t - log2_p_s) * 0.6931471805599453
-            grad_scores_t = p_t * (log_ratio - row_kl[:, None]) * grad[:, None]
-            dqt += _dot(grad_scores_t.to(kt.dtype), kt, DOT_PRECISION)
 
     tl.store(
         DQ + pid_bh * n_q * d_s + rows64[:, None] * d_s + dims_s[None, :],
         (dq * scale_s).to(DQ.dtype.element_ty),
-        mask=q_mask,
+        mask=row_ok[:, None] & (dims_s[None, :] < d_s),
     )
     if TEACHER_GRAD:
         tl.store(
             DQT + pid_bh * n_q * d_t + rows64[:, None] * d_t + dims_t[None, :],
             (dqt * scale_t).to(DQT.dtype.element_ty),
-            mask=qt_mask,
+            mask=row_ok[:, None] & (dims_t[None, :] < d_t),
         )
+
+
+@triton.jit
+def _bwd_dk_tile(
+    q_base, qt_base, grad_base, row_base, LSE_S, LSE_T, ROW_KL,
+    stride_qn, stride_qtn, stride_gn,
+    k, kt, keys, rows, n_q, d_s, d_t, dims_s, dims_t, dk, dkt,
+    scale_s_log2, scale_t_log2,
+    MASKED: tl.constexpr, TEACHER_GRAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    rows64 = rows.to(tl.int64)
+    row_ok = rows < n_q
+    q = _load_rows(q_base, rows, stride_qn, dims_s, n_q, d_s)
+    qt = _load_rows(qt_base, rows, stride_qtn, dims_t, n_q, d_t)
+    lse_s = tl.load(LSE_S + row_base + rows64, mask=row_ok, other=0.0)
+    lse_t = tl.load(LSE_T + row_base + rows64, mask=row_ok, other=0.0)
+    # Padded rows: q = 0, lse = 0 and grad = 0, so every term stays finite and zero.
+    grad = tl.load(grad_base + rows64 * stride_gn, mask=row_ok, other=0.0)
+    if TEACHER_GRAD:
+        row_kl = tl.load(ROW_KL + row_base + rows64, mask=row_ok, other=0.0)
+    else:
+        row_kl = grad
+    log2_p_s = _dot(k, tl.trans(q), DOT_PRECISION) * scale_s_log2 - lse_s[None, :]
+    log2_p_t = _dot(kt, tl.trans(qt), DOT_PRECISION) * scale_t_log2 - lse_t[None, :]
+    valid = keys[:, None] <= rows[None, :]
+    grad_scores, grad_scores_t = _score_grads(
+        log2_p_s, log2_p_t, grad[None, :], row_kl[None, :], valid, MASKED, TEACHER_GRAD
+    )
+    dk += _dot(grad_scores.to(q.dtype), q, DOT_PRECISION)
+    if TEACHER_GRAD:
+        dkt += _dot(grad_scores_t.to(qt.dtype), qt, DOT_PRECISION)
+    return dk, dkt
 
 
 @triton.jit
@@ -287,7 +360,8 @@ def _attention_kl_bwd_dk_kernel(
     BLOCK_DS: tl.constexpr,
     BLOCK_DT: tl.constexpr,
 ):
-    # Transposed orientation: this program owns BLOCK_N keys and streams over query tiles.
+    # Transposed orientation: this program owns BLOCK_N keys and streams over
+    # query tiles. Keys past Nk need no mask: their rows of dk are never stored.
     key_tiles = tl.cdiv(n_k, BLOCK_N)
     pid = tl.program_id(0)
     pid_n = pid % key_tiles
@@ -300,19 +374,9 @@ def _attention_kl_bwd_dk_kernel(
     dims_s = tl.arange(0, BLOCK_DS)
     dims_t = tl.arange(0, BLOCK_DT)
     key_ok = keys < n_k
-    k_mask = key_ok[:, None] & (dims_s[None, :] < d_s)
-    kt_mask = key_ok[:, None] & (dims_t[None, :] < d_t)
 
-    k = tl.load(
-        K + batch * stride_kb + head * stride_kh + keys64[:, None] * stride_kn + dims_s[None, :],
-        mask=k_mask,
-        other=0.0,
-    )
-    kt = tl.load(
-        KT + batch * stride_ktb + head * stride_kth + keys64[:, None] * stride_ktn + dims_t[None, :],
-        mask=kt_mask,
-        other=0.0,
-    )
+    k = _load_rows(K + batch * stride_kb + head * stride_kh, keys, stride_kn, dims_s, n_k, d_s)
+    kt = _load_rows(KT + batch * stride_ktb + head * stride_kth, keys, stride_ktn, dims_t, n_k, d_t)
     q_base = Q + batch * stride_qb + head * stride_qh
     qt_base = QT + batch * stride_qtb + head * stride_qth
     grad_base = GRAD + batch * stride_gb + head * stride_gh
@@ -321,51 +385,37 @@ def _attention_kl_bwd_dk_kernel(
     dk = tl.zeros([BLOCK_N, BLOCK_DS], tl.float32)
     dkt = tl.zeros([BLOCK_N, BLOCK_DT], tl.float32)
     if CAUSAL:
+        # Query tiles that straddle this key block need the causal mask; from the
+        # first tile starting at or after the block's end, every entry is valid.
         query_start = (pid_n * BLOCK_N // BLOCK_M) * BLOCK_M
+        unmasked_start = tl.cdiv((pid_n + 1) * BLOCK_N, BLOCK_M) * BLOCK_M
+        for start_m in range(query_start, tl.minimum(unmasked_start, n_q), BLOCK_M):
+            dk, dkt = _bwd_dk_tile(
+                q_base, qt_base, grad_base, row_base, LSE_S, LSE_T, ROW_KL,
+                stride_qn, stride_qtn, stride_gn,
+                k, kt, keys, start_m + offs_m, n_q, d_s, d_t, dims_s, dims_t, dk, dkt,
+                scale_s_log2, scale_t_log2, True, TEACHER_GRAD, DOT_PRECISION,
+            )
     else:
-        query_start = 0
-    for start_m in range(query_start, n_q, BLOCK_M):
-        rows = start_m + offs_m
-        rows64 = rows.to(tl.int64)
-        row_ok = rows < n_q
-        q = tl.load(
-            q_base + rows64[:, None] * stride_qn + dims_s[None, :],
-            mask=row_ok[:, None] & (dims_s[None, :] < d_s),
-            other=0.0,
+        unmasked_start = 0
+    for start_m in range(unmasked_start, n_q, BLOCK_M):
+        dk, dkt = _bwd_dk_tile(
+            q_base, qt_base, grad_base, row_base, LSE_S, LSE_T, ROW_KL,
+            stride_qn, stride_qtn, stride_gn,
+            k, kt, keys, start_m + offs_m, n_q, d_s, d_t, dims_s, dims_t, dk, dkt,
+            scale_s_log2, scale_t_log2, False, TEACHER_GRAD, DOT_PRECISION,
         )
-        qt = tl.load(
-            qt_base + rows64[:, None] * stride_qtn + dims_t[None, :],
-            mask=row_ok[:, None] & (dims_t[None, :] < d_t),
-            other=0.0,
-        )
-        lse_s = tl.load(LSE_S + row_base + rows64, mask=row_ok, other=0.0)
-        lse_t = tl.load(LSE_T + row_base + rows64, mask=row_ok, other=0.0)
-        grad = tl.load(grad_base + rows64 * stride_gn, mask=row_ok, other=0.0)
-        log2_p_s = _dot(k, tl.trans(q), DOT_PRECISION) * scale_s_log2 - lse_s[None, :]
-        log2_p_t = _dot(kt, tl.trans(qt), DOT_PRECISION) * scale_t_log2 - lse_t[None, :]
-        valid = key_ok[:, None] & row_ok[None, :]
-        if CAUSAL:
-            valid = valid & (keys[:, None] <= rows[None, :])
-        p_s = tl.where(valid, tl.math.exp2(log2_p_s), 0.0)
-        p_t = tl.where(valid, tl.math.exp2(log2_p_t), 0.0)
-        grad_scores = (p_s - p_t) * grad[None, :]
-        dk += _dot(grad_scores.to(q.dtype), q, DOT_PRECISION)
-        if TEACHER_GRAD:
-            row_kl = tl.load(ROW_KL + row_base + rows64, mask=row_ok, other=0.0)
-            log_ratio = (log2_p_t - log2_p_s) * 0.6931471805599453
-            grad_scores_t = p_t * (log_ratio - row_kl[None, :]) * grad[None, :]
-            dkt += _dot(grad_scores_t.to(qt.dtype), qt, DOT_PRECISION)
 
     tl.store(
         DK + pid_bh * n_k * d_s + keys64[:, None] * d_s + dims_s[None, :],
         (dk * scale_s).to(DK.dtype.element_ty),
-        mask=k_mask,
+        mask=key_ok[:, None] & (dims_s[None, :] < d_s),
     )
     if TEACHER_GRAD:
         tl.store(
             DKT + pid_bh * n_k * d_t + keys64[:, None] * d_t + dims_t[None, :],
             (dkt * scale_t).to(DKT.dtype.element_ty),
-            mask=kt_mask,
+            mask=key_ok[:, None] & (dims_t[None, :] < d_t),
         )
 
 
@@ -410,10 +460,11 @@ _AUTOTUNE_KEY = ["N_Q_BUCKET", "N_K_BUCKET", "d_s", "d_t", "CAUSAL"]
 AUTOTUNE = not INTERPRETING and os.environ.get("CL_STREAMKL_AUTOTUNE", "1") != "0"
 
 
-def _heuristic_options(kind: str, widest_head_dim: int) -> dict:
+def _heuristic_options(kind: str, widest_head_dim: int, element_size: int) -> dict:
     if INTERPRETING:
         return {"BLOCK_M": 16, "BLOCK_N": 16}
-    if widest_head_dim > 128:
+    # Shared memory holds the pipelined K tiles: 4-byte inputs and wide heads need smaller tiles.
+    if widest_head_dim > 128 or element_size == 4:
         return {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
     if kind == "fwd":
         return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
@@ -436,8 +487,8 @@ _backward_dq_kernel = _tuned(_attention_kl_bwd_dq_kernel, "bwd", teacher_grad_ke
 _backward_dk_kernel = _tuned(_attention_kl_bwd_dk_kernel, "bwd", teacher_grad_key=True)
 
 
-def _launch_options(kind: str, d_s: int, d_t: int) -> dict:
-    return {} if AUTOTUNE else _heuristic_options(kind, max(d_s, d_t))
+def _launch_options(kind: str, d_s: int, d_t: int, dtype: torch.dtype) -> dict:
+    return {} if AUTOTUNE else _heuristic_options(kind, max(d_s, d_t), dtype.itemsize)
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
@@ -518,7 +569,7 @@ def launch_forward(
             DOT_PRECISION=_dot_precision(q.dtype),
             BLOCK_DS=_block_dim(d_s),
             BLOCK_DT=_block_dim(d_t),
-            **_launch_options("fwd", d_s, d_t),
+            **_launch_options("fwd", d_s, d_t, q.dtype),
         )
     return rows, lse_student, lse_teacher
 
@@ -584,7 +635,7 @@ def launch_backward(
         DOT_PRECISION=_dot_precision(q.dtype),
         BLOCK_DS=_block_dim(d_s),
         BLOCK_DT=_block_dim(d_t),
-        **_launch_options("bwd", d_s, d_t),
+        **_launch_options("bwd", d_s, d_t, q.dtype),
     )
     with _device_guard(q):
         _backward_dq_kernel[_grid(n_q, batch * heads, "BLOCK_M")](
