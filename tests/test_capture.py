@@ -304,3 +304,11 @@ def test_unreadable_forward_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> Non
                 model(torch.randn(1, 4, 16))
         assert count_hooks(model) == 0
         assert torch._C._len_torch_function_stack() == 0
+
+
+def test_nested_captures_see_the_same_tensors() -> None:
+    model = tiny_vit().eval()
+    with QKCapture(model) as outer, QKCapture(model, layers=[1]) as inner:
+        model(torch.randn(1, 3, 32, 32))
+    assert outer.qk[1][0] is inner.qk[0][0] and outer.qk[1][1] is inner.qk[0][1]
+    assert count_hooks(model) == 0 and torch._C._len_torch_function_stack() == 0
