@@ -242,3 +242,41 @@ def test_module_matches_function(backend, device):
     expected = attention_kl(q, k, q_t, k_t, temperature=1.5, reduction="batchmean", backend=backend)
     torch.testing.assert_close(loss_fn(q, k, q_t, k_t), expected)
     assert "batchmean" in repr(loss_fn)
+
+
+@pytest.mark.parametrize("teacher_grad", [False, True])
+def test_torch_compile_traces_the_custom_ops(teacher_grad, device):
+    """fullgraph tracing through the registered ops, their fake kernels and autograd formula."""
+    torch.manual_seed(10)
+    q, k, q_t, k_t = make_inputs((1, 2, 20, 20, 32, 32, False), torch.float32, device, teacher_grad=teacher_grad)
+
+    def loss(q, k, q_t, k_t):
+        return attention_kl(q, k, q_t, k_t, temperature=2.0, backend="triton") * 3.0
+
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)
+    inputs = (q, k, q_t, k_t) if teacher_grad else (q, k)
+    value = compiled(q, k, q_t, k_t)
+    grads = torch.autograd.grad(value, inputs)
+    eager_value = loss(q, k, q_t, k_t)
+    eager_grads = torch.autograd.grad(eager_value, inputs)
+    torch.testing.assert_close(value, eager_value)
+    for grad, eager_grad in zip(grads, eager_grads):
+        torch.testing.assert_close(grad, eager_grad)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA and the inductor GPU backend")
+def test_torch_compile_inductor_fullgraph_on_gpu():
+    torch.manual_seed(11)
+    q, k, q_t, k_t = make_inputs((2, 4, 256, 256, 64, 64, False), torch.bfloat16, "cuda")
+
+    def loss(q, k, q_t, k_t):
+        return attention_kl(q, k, q_t, k_t, backend="triton")
+
+    compiled = torch.compile(loss, fullgraph=True)
+    value = compiled(q, k, q_t, k_t)
+    grad = torch.autograd.grad(value, q)[0]
+    eager_value = loss(q, k, q_t, k_t)
+    eager_grad = torch.autograd.grad(eager_value, q)[0]
+    torch.testing.assert_close(value, eager_value)
+    torch.testing.assert_close(grad, eager_grad)
