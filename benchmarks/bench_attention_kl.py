@@ -220,20 +220,26 @@ def eager_attention_kl_rows(
     q_teacher: torch.Tensor,
     k_teacher: torch.Tensor,
     causal: bool = False,
+    *,
+    scale: float | None = None,
+    teacher_scale: float | None = None,
 ) -> torch.Tensor:
     """Per-row KL(P_teacher ‖ P_student), the usual materialising way.
 
     Args:
-        q, k: student queries and keys, (B, H, N, D).
-        q_teacher, k_teacher: teacher queries and keys, (B, H, N, D).
+        q, k: student queries and keys, (B, H, N, Ds).
+        q_teacher, k_teacher: teacher queries and keys, (B, H, N, Dt).
         causal: mask key j > query i.
+        scale, teacher_scale: softmax scales, default Ds**-0.5 and Dt**-0.5.
 
     Returns:
         (B, H, N) float32. Both (B, H, N, N) score matrices exist in the input dtype and
         again in float32, as in typical distillation code.
     """
-    student = (q @ k.transpose(-2, -1)).float() * q.size(-1) ** -0.5
-    teacher = (q_teacher @ k_teacher.transpose(-2, -1)).float() * q_teacher.size(-1) ** -0.5
+    scale = q.size(-1) ** -0.5 if scale is None else scale
+    teacher_scale = q_teacher.size(-1) ** -0.5 if teacher_scale is None else teacher_scale
+    student = (q @ k.transpose(-2, -1)).float() * scale
+    teacher = (q_teacher @ k_teacher.transpose(-2, -1)).float() * teacher_scale
     if causal:
         n = q.size(2)
         future = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
@@ -254,9 +260,13 @@ def eager_attention_kl(
     q_teacher: torch.Tensor,
     k_teacher: torch.Tensor,
     causal: bool = False,
+    *,
+    scale: float | None = None,
+    teacher_scale: float | None = None,
 ) -> torch.Tensor:
     """Mean over (B, H, N) rows of :func:`eager_attention_kl_rows`: a float32 scalar loss."""
-    return eager_attention_kl_rows(q, k, q_teacher, k_teacher, causal).mean()
+    rows = eager_attention_kl_rows(q, k, q_teacher, k_teacher, causal, scale=scale, teacher_scale=teacher_scale)
+    return rows.mean()
 
 
 def parse_shape(text: str) -> Shape:
@@ -278,9 +288,15 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def free_memory(device: torch.device) -> None:
-    """Return cached blocks so one row's leftovers cannot push the next into OOM."""
-    gc.collect()
+def free_memory(device: torch.device, collect: bool = True) -> None:
+    """Return cached blocks so one row's leftovers cannot push the next into OOM.
+
+    ``collect`` also runs the garbage collector (for tensors kept alive by reference
+    cycles, e.g. after an OOM); it costs a few tenths of a second with torch, triton and
+    timm loaded, so callers skip it when nothing failed.
+    """
+    if collect:
+        gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
 
@@ -577,9 +593,9 @@ def benchmark_problem(
                 row = oom_row(impl, problem, mode, workload.backend)
             rows.append(row)
             workload.clear_grads()
-            free_memory(device)
+            free_memory(device, collect=row.oom)
         del workload
-        free_memory(device)
+        free_memory(device, collect=False)
     add_ratios(rows)
     return rows
 
@@ -751,8 +767,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _write_json(path: Path, environment: dict, args: argparse.Namespace, checks, rows, elapsed: float) -> None:
-    settings = {key: str(value) if isinstance(value, (Path, torch.device)) else value for key, value in vars(args).items()}
+def _write_json(
+    path: Path, environment: dict, args: argparse.Namespace, checks: list, rows: list, elapsed: float
+) -> None:
+    settings = {
+        key: str(value) if isinstance(value, (Path, torch.device)) else value for key, value in vars(args).items()
+    }
     payload = {
         "environment": environment,
         "settings": settings,

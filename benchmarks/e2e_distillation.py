@@ -1,0 +1,672 @@
+"""Attention distillation on real ViT training steps: step time, memory, largest batch (issue 6).
+
+A timm ViT-B/16 (random init) trains with AdamW under bf16 autocast on random images and
+labels at image sizes 224, 512 and 1024 (197, 1025 and 4097 tokens). Every step is one of:
+
+* ``none``   — (a) cross-entropy only, no distillation.
+* ``eager``  — (b) cross-entropy + the attention-KL penalty over all 12 blocks computed the
+  usual way: the distiller's own Q/K captures of student and frozen teacher, then both
+  attention maps materialised (``eager_attention_kl`` of ``bench_attention_kl.py``: fp32
+  log-softmax of each score matrix, ``F.kl_div``).
+* ``triton`` — (c) the same penalty from ``AttentionDistiller(backend="triton")``.
+* ``torch``  — (d) the same penalty from ``AttentionDistiller(backend="torch")``.
+
+The penalty is ``alpha`` times the mean over blocks of the row-averaged
+KL(P_teacher ‖ P_student); the teacher is a frozen snapshot of the student taken before
+the first step.
+
+Three phases, results printed as they come:
+
+1. Penalty check per image size: a student perturbed away from its teacher, one batch of
+   ``--check-batch`` images; (b), (c), (d) and a float64 reference on the same captured Q/K
+   must agree to ``--check-rtol`` (relative).
+2. Timing per (image size, method) at a fixed batch (default 64 / 16 / 4, about 16k tokens
+   per step): median step time over ``--steps`` steps after ``--warmup-steps`` steps (the
+   warm-up includes Triton autotuning), and peak device memory (``max_memory_allocated``
+   over the timed steps: weights, AdamW state, teacher and activations).
+3. Largest batch that fits per (image size, method): from the timing batch, doubling until
+   out of memory, then bisection until the gap is at most 1/32 of the batch; each probe runs
+   ``--probe-steps`` steps. Sizes are searched from the longest sequence down, each search
+   with a fair share of what is left of ``--time-budget-s``; a search cut short reports
+   ``>=`` its best batch so far, and one that fits ``--max-batch`` reports ``>=`` too.
+
+Out-of-memory is a result (``OOM``), never a crash.
+
+Examples::
+
+    PYTHONPATH=. python benchmarks/e2e_distillation.py --json e2e.json --plot e2e.png
+    PYTHONPATH=. python benchmarks/e2e_distillation.py --device cpu --tiny --methods none eager torch
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import timm
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from bench_attention_kl import describe_environment, eager_attention_kl, free_memory
+from cl_streamkl import attention_kl_reference
+from cl_streamkl.capture import QKCapture
+from cl_streamkl.strategies.distiller import AttentionDistiller, frozen_copy
+
+METHODS = ("none", "eager", "triton", "torch")
+METHOD_LABELS = {
+    "none": "(a) no distillation",
+    "eager": "(b) eager, materialised",
+    "triton": "(c) StreamKL triton",
+    "torch": "(d) StreamKL torch",
+}
+PENALTY_METHODS = ("eager", "triton", "torch")
+
+DEFAULT_MODEL = "vit_base_patch16_224"
+DEFAULT_IMAGE_SIZES = (224, 512, 1024)
+DEFAULT_BATCHES = (64, 16, 4)
+# The batch search never goes past this many tokens per step, so a search cannot run away;
+# by a rough activation count ViT-B/16 training needs over 200 GB there.
+MAX_TOKENS_PER_STEP = 2**19
+SEARCH_PRECISION = 32
+
+TINY_MODEL_KWARGS = {"depth": 2, "embed_dim": 32, "num_heads": 2, "num_classes": 10}
+TINY_IMAGE_SIZES = (32, 48)
+TINY_BATCHES = (2, 2)
+TINY_MAX_BATCH = 8
+
+PERTURBATION_STD = 0.02
+
+
+@dataclass
+class Result:
+    """One (image size, method): timing at ``batch`` and the largest batch found.
+
+    ``step_ms is None`` means the timing batch ran out of memory; ``max_batch_exact`` is
+    False when the search was cut short by the time budget or stopped at the cap, so the
+    true largest batch is at least ``max_batch``.
+    """
+
+    image_size: int
+    tokens: int
+    method: str
+    batch: int
+    step_ms: float | None = None
+    peak_gib: float | None = None
+    max_batch: int | None = None
+    max_batch_exact: bool = False
+    search_s: float | None = None
+
+
+@dataclass
+class PenaltyCheck:
+    """Penalty values of (b), (c), (d) and the float64 reference on one batch."""
+
+    image_size: int
+    tokens: int
+    batch: int
+    values: dict[str, float]
+    reference: float
+    max_pairwise_rel: float
+    rtol: float
+
+    @property
+    def passed(self) -> bool:
+        return self.max_pairwise_rel <= self.rtol
+
+
+class EagerAttentionDistiller(AttentionDistiller):
+    """Method (b): :class:`AttentionDistiller` with the KL computed by materialising both maps.
+
+    Teacher snapshot, captures and the teacher's forward are the distiller's own; only
+    :func:`attention_kl` is swapped for the usual eager code.
+    """
+
+    def penalty(
+        self,
+        x: torch.Tensor,
+        student_qk: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        *,
+        student_scales: Sequence[float] | None = None,
+    ) -> torch.Tensor:
+        """``alpha`` · mean over blocks of the row-mean KL(P_teacher ‖ P_student).
+
+        Args:
+            x: the images the student saw, (B, 3, S, S).
+            student_qk: per block (q, k), each (B, H, N, D), from :meth:`student_capture`.
+            student_scales: per block softmax scale (``capture.scales``); None: D**-0.5.
+        """
+        teacher_capture = self.teacher_qk(x)
+        scales = [None] * len(student_qk) if student_scales is None else student_scales
+        per_block = [
+            eager_attention_kl(q, k, q_teacher, k_teacher, scale=scale, teacher_scale=teacher_scale)
+            for (q, k), (q_teacher, k_teacher), scale, teacher_scale in zip(
+                student_qk, teacher_capture.qk, scales, teacher_capture.scales
+            )
+        ]
+        return self.alpha * torch.stack(per_block).mean()
+
+
+def build_distiller(method: str, alpha: float) -> AttentionDistiller | None:
+    """The penalty object of ``method`` (None for ``none``), teacher not yet taken."""
+    if method == "none":
+        return None
+    if method == "eager":
+        return EagerAttentionDistiller(alpha=alpha, layers="all")
+    if method in ("triton", "torch"):
+        return AttentionDistiller(alpha=alpha, layers="all", temperature=1.0, backend=method)
+    raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+
+
+@dataclass
+class Trainer:
+    """A student, its AdamW optimizer and the method's distiller (teacher = initial student)."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    distiller: AttentionDistiller | None
+    num_classes: int
+    device: torch.device
+
+    def step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """One training step on images (B, 3, S, S) and labels (B,); returns the detached loss."""
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16):
+            if self.distiller is None:
+                loss = F.cross_entropy(self.model(images), labels)
+            else:
+                with self.distiller.student_capture(self.model) as capture:
+                    logits = self.model(images)
+                penalty = self.distiller.penalty(images, capture.qk, student_scales=capture.scales)
+                loss = F.cross_entropy(logits, labels) + penalty
+        loss.backward()
+        self.optimizer.step()
+        return loss.detach()
+
+
+def build_model(model_name: str, model_kwargs: dict, image_size: int, device: torch.device) -> nn.Module:
+    """A randomly initialised timm model for ``image_size`` px inputs, on ``device``."""
+    with device:
+        return timm.create_model(model_name, pretrained=False, img_size=image_size, **model_kwargs)
+
+
+def build_trainer(
+    method: str, model_name: str, model_kwargs: dict, image_size: int, alpha: float, device: torch.device
+) -> Trainer:
+    """Fresh student, AdamW (fused on CUDA) and the method's distiller with its teacher snapshot."""
+    torch.manual_seed(0)
+    model = build_model(model_name, model_kwargs, image_size, device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+    distiller = build_distiller(method, alpha)
+    if distiller is not None:
+        distiller.update_teacher(model)
+    return Trainer(model, optimizer, distiller, model.num_classes, device)
+
+
+def random_batch(
+    batch: int, image_size: int, num_classes: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random images (batch, 3, S, S) and labels (batch,)."""
+    images = torch.randn(batch, 3, image_size, image_size, device=device)
+    labels = torch.randint(num_classes, (batch,), device=device)
+    return images, labels
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_steps(
+    trainer: Trainer, batch: int, image_size: int, warmup_steps: int, steps: int
+) -> tuple[float, float | None]:
+    """Median step time (ms) and peak device memory (GiB, CUDA only) at ``batch``.
+
+    Raises:
+        torch.OutOfMemoryError: the batch does not fit.
+    """
+    device = trainer.device
+    images, labels = random_batch(batch, image_size, trainer.num_classes, device)
+    for _ in range(warmup_steps):
+        trainer.step(images, labels)
+    _sync(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        trainer.step(images, labels)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    return statistics.median(times) * 1e3, peak
+
+
+def batch_fits(trainer: Trainer, batch: int, image_size: int, steps: int) -> bool:
+    """Whether ``steps`` training steps at ``batch`` run without running out of memory."""
+    try:
+        images, labels = random_batch(batch, image_size, trainer.num_classes, trainer.device)
+        for _ in range(steps):
+            trainer.step(images, labels)
+        _sync(trainer.device)
+    except torch.OutOfMemoryError:
+        fits = False
+    else:
+        fits = True
+    trainer.optimizer.zero_grad(set_to_none=True)
+    free_memory(trainer.device, collect=not fits)
+    return fits
+
+
+def largest_batch(
+    fits: Callable[[int], bool], start: int, start_fits: bool | None, cap: int, deadline: float
+) -> tuple[int, bool]:
+    """Largest batch ≤ ``cap`` for which ``fits`` holds, searched from ``start``.
+
+    Doubles (or halves, if ``start`` fails) to bracket the limit, then bisects until the
+    gap is at most 1/``SEARCH_PRECISION`` of the batch. ``start_fits`` skips re-probing a
+    start already measured.
+
+    Returns:
+        (batch, exact): batch 0 means even 1 does not fit; ``exact`` is False when the
+        deadline passed or ``cap`` itself fits (the answer is then a lower bound).
+    """
+    largest_fit, smallest_fail = 0, cap + 1
+    batch = min(start, cap)
+    outcome = start_fits if batch == start else None
+    while batch >= 1 and largest_fit < batch < smallest_fail:
+        if outcome is None:
+            if time.perf_counter() > deadline:
+                return largest_fit, False
+            outcome = fits(batch)
+        if outcome:
+            largest_fit, batch = batch, min(2 * batch, cap)
+        else:
+            smallest_fail, batch = batch, batch // 2
+        outcome = None
+    while smallest_fail - largest_fit > max(1, largest_fit // SEARCH_PRECISION):
+        if time.perf_counter() > deadline:
+            return largest_fit, False
+        middle = (largest_fit + smallest_fail) // 2
+        if fits(middle):
+            largest_fit = middle
+        else:
+            smallest_fail = middle
+    return largest_fit, largest_fit < cap and smallest_fail <= cap
+
+
+def _perturb(model: nn.Module, std: float) -> None:
+    # Teacher and student start identical (KL = 0); noise gives a penalty worth comparing.
+    generator = torch.Generator(device="cpu").manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            noise = torch.randn(parameter.shape, generator=generator) * std
+            parameter.add_(noise.to(parameter.device, parameter.dtype))
+
+
+def check_penalties(
+    methods: Sequence[str],
+    model_name: str,
+    model_kwargs: dict,
+    image_size: int,
+    batch: int,
+    alpha: float,
+    rtol: float,
+    device: torch.device,
+) -> PenaltyCheck:
+    """Penalty of each method in ``methods`` ∩ (b, c, d) and the float64 reference, one batch.
+
+    The teacher snapshot is taken, then the student is perturbed; every method sees the
+    same student, teacher weights and images under bf16 autocast.
+    """
+    torch.manual_seed(0)
+    model = build_model(model_name, model_kwargs, image_size, device).eval()
+    distillers = {method: build_distiller(method, alpha) for method in methods if method in PENALTY_METHODS}
+    for distiller in distillers.values():
+        distiller.update_teacher(model)
+    teacher = frozen_copy(model)
+    _perturb(model, PERTURBATION_STD)
+    images, _ = random_batch(batch, image_size, model.num_classes, device)
+    values = {}
+    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
+        for method, distiller in distillers.items():
+            with distiller.student_capture(model) as capture:
+                model(images)
+            values[method] = float(distiller.penalty(images, capture.qk, student_scales=capture.scales))
+        with QKCapture(model, layers="all") as student, QKCapture(teacher, layers="all") as teacher_capture:
+            model(images)
+            teacher(images)
+    with torch.no_grad():
+        reference = alpha * statistics.fmean(
+            float(attention_kl_reference(q, k, q_teacher, k_teacher, scale=scale, teacher_scale=teacher_scale))
+            for (q, k), (q_teacher, k_teacher), scale, teacher_scale in zip(
+                student.qk, teacher_capture.qk, student.scales, teacher_capture.scales
+            )
+        )
+    pairs = [(a, b) for i, a in enumerate(values) for b in list(values)[i + 1 :]]
+    max_pairwise = max((_relative_gap(values[a], values[b]) for a, b in pairs), default=0.0)
+    return PenaltyCheck(
+        image_size=image_size,
+        tokens=_tokens(model),
+        batch=batch,
+        values=values,
+        reference=reference,
+        max_pairwise_rel=max_pairwise,
+        rtol=rtol,
+    )
+
+
+def _relative_gap(value: float, other: float) -> float:
+    scale = max(abs(value), abs(other))
+    return abs(value - other) / scale if scale > 0 else 0.0
+
+
+def _tokens(model: nn.Module) -> int:
+    return model.patch_embed.num_patches + getattr(model, "num_prefix_tokens", 1)
+
+
+def format_check(check: PenaltyCheck) -> str:
+    """One line: each method's penalty, its gap to the float64 reference, the pass verdict."""
+    parts = [
+        f"{method} {value:.6g} (ref {_relative_gap(value, check.reference):.1e})"
+        for method, value in check.values.items()
+    ]
+    verdict = "ok" if check.passed else "FAIL"
+    return (
+        f"penalty check {check.image_size}px ({check.tokens} tokens, batch {check.batch}): "
+        + " | ".join(parts)
+        + f" | float64 {check.reference:.6g} | max pairwise rel {check.max_pairwise_rel:.1e} "
+        f"(rtol {check.rtol:.0e}) {verdict}"
+    )
+
+
+COLUMNS = (
+    ("image", 5),
+    ("tokens", 6),
+    ("method", 23),
+    ("batch", 5),
+    ("step ms", 9),
+    ("x (a)", 6),
+    ("peak GiB", 8),
+    ("max batch", 9),
+    ("x (b)", 6),
+)
+
+
+def format_table(results: Sequence[Result]) -> str:
+    """Aligned table; ``x (a)`` is step time over (a)'s, ``x (b)`` max batch over (b)'s."""
+    lookup = {(r.image_size, r.method): r for r in results}
+    lines = ["  ".join(title.rjust(width) for title, width in COLUMNS)]
+    for r in results:
+        plain, eager = lookup.get((r.image_size, "none")), lookup.get((r.image_size, "eager"))
+        time_ratio = r.step_ms / plain.step_ms if r.step_ms and plain and plain.step_ms else None
+        batch_ratio = r.max_batch / eager.max_batch if r.max_batch and eager and eager.max_batch else None
+        if r.max_batch is None:
+            max_batch = "-"
+        else:
+            max_batch = ("" if r.max_batch_exact else ">=") + str(r.max_batch)
+        cells = [
+            str(r.image_size),
+            str(r.tokens),
+            METHOD_LABELS[r.method],
+            str(r.batch),
+            "OOM" if r.step_ms is None else f"{r.step_ms:.1f}",
+            _number(time_ratio, ".2f"),
+            _number(r.peak_gib, ".2f"),
+            max_batch,
+            _number(batch_ratio, ".1f"),
+        ]
+        lines.append("  ".join(cell.rjust(width) for cell, (_, width) in zip(cells, COLUMNS)))
+    return "\n".join(lines)
+
+
+def _number(value: float | None, spec: str) -> str:
+    return "-" if value is None or not math.isfinite(value) else format(value, spec)
+
+
+def plot_results(results: Sequence[Result], path: Path) -> None:
+    """PNG: peak memory at the timing batch (left) and largest batch (right) vs tokens.
+
+    A largest batch that is only a lower bound (search cut short or at the cap) gets an
+    upward triangle.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
+
+    figure, (memory_axis, batch_axis) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for method in METHODS:
+        rows = sorted((r for r in results if r.method == method), key=lambda r: r.tokens)
+        memory = [(r.tokens, r.peak_gib) for r in rows if r.peak_gib is not None]
+        batches = [(r.tokens, r.max_batch) for r in rows if r.max_batch]
+        if memory:
+            memory_axis.plot(*zip(*memory), marker="o", label=METHOD_LABELS[method])
+        if batches:
+            (line,) = batch_axis.plot(*zip(*batches), marker="o", label=METHOD_LABELS[method])
+            bounds = [(r.tokens, r.max_batch) for r in rows if r.max_batch and not r.max_batch_exact]
+            if bounds:
+                batch_axis.plot(*zip(*bounds), linestyle="none", marker="^", markersize=10, color=line.get_color())
+    tokens = sorted({r.tokens for r in results})
+    timing = ", ".join(f"{r.tokens} tok × {r.batch}" for r in results if r.method == results[0].method)
+    memory_axis.set(xlabel="tokens per image", ylabel="peak device memory (GiB)", xscale="log")
+    memory_axis.set_title(f"peak memory per training step\n(batch: {timing})", fontsize=10)
+    batch_axis.set(xlabel="tokens per image", ylabel="largest batch that fits", xscale="log", yscale="log")
+    batch_axis.set_title("largest batch that fits (▲ = at least)", fontsize=10)
+    for axis in (memory_axis, batch_axis):
+        axis.set_xticks(tokens, labels=[str(t) for t in tokens])
+        axis.xaxis.set_minor_locator(NullLocator())
+        axis.grid(True, which="both", alpha=0.3)
+        if axis.lines:
+            axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=150)
+    plt.close(figure)
+
+
+def _json_object(value: str) -> dict:
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"--model-kwargs must be a JSON object: {error}") from None
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError(f"--model-kwargs must be a JSON object, got {value!r}")
+    return parsed
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument("--image-sizes", nargs="+", type=int, default=None, help="default: 224 512 1024")
+    parser.add_argument(
+        "--batches", nargs="+", type=int, default=None,
+        help="timing batch per image size (default: 64 16 4, about 16k tokens per step)",
+    )
+    parser.add_argument("--model", default=DEFAULT_MODEL, help=f"timm model name (default {DEFAULT_MODEL})")
+    parser.add_argument(
+        "--model-kwargs", type=_json_object, default=None,
+        help='JSON object passed to timm.create_model, e.g. \'{"depth": 2}\'',
+    )
+    parser.add_argument(
+        "--tiny", action="store_true",
+        help="smoke-test preset: depth 2, width 32, images 32 and 48 px, batch 2, max batch 8",
+    )
+    parser.add_argument("--alpha", type=float, default=1.0, help="penalty weight (default 1)")
+    parser.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (default 3)")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps (default 10)")
+    parser.add_argument("--probe-steps", type=int, default=2, help="steps per batch-search probe (default 2)")
+    parser.add_argument(
+        "--max-batch", type=int, default=None,
+        help=f"batch search cap (default: {MAX_TOKENS_PER_STEP} tokens per step)",
+    )
+    parser.add_argument(
+        "--time-budget-s", type=float, default=420.0,
+        help="wall-clock budget of the whole run; the batch searches share what is left (default 420)",
+    )
+    parser.add_argument("--no-search", action="store_true", help="skip the largest-batch search")
+    parser.add_argument("--check-batch", type=int, default=2, help="batch of the penalty check (default 2)")
+    parser.add_argument("--check-rtol", type=float, default=1e-3, help="penalty agreement bound (default 1e-3)")
+    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu for a smoke run")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write results here")
+    parser.add_argument("--plot", type=Path, default=None, metavar="PATH", help="write a PNG plot here")
+    parser.add_argument("--commit", default=None, help="commit to print when the tree has no .git")
+    args = parser.parse_args(argv)
+
+    args.device = torch.device(args.device)
+    if args.device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda but CUDA is not available; use --device cpu --tiny for a smoke run")
+    if args.image_sizes is None:
+        args.image_sizes = list(TINY_IMAGE_SIZES if args.tiny else DEFAULT_IMAGE_SIZES)
+    if args.batches is None:
+        defaults = dict(zip(DEFAULT_IMAGE_SIZES, DEFAULT_BATCHES))
+        if args.tiny:
+            defaults = dict(zip(TINY_IMAGE_SIZES, TINY_BATCHES))
+        missing = [size for size in args.image_sizes if size not in defaults]
+        if missing:
+            parser.error(f"--batches is needed for image sizes without a default: {missing}")
+        args.batches = [defaults[size] for size in args.image_sizes]
+    if len(args.batches) != len(args.image_sizes):
+        parser.error(f"--batches needs one value per image size ({len(args.image_sizes)}), got {len(args.batches)}")
+    if args.model_kwargs is None:
+        args.model_kwargs = dict(TINY_MODEL_KWARGS) if args.tiny else {}
+    if args.max_batch is None and args.tiny:
+        args.max_batch = TINY_MAX_BATCH
+    positive = {
+        "--image-sizes": min(args.image_sizes),
+        "--batches": min(args.batches),
+        "--steps": args.steps,
+        "--probe-steps": args.probe_steps,
+        "--check-batch": args.check_batch,
+        "--max-batch": args.max_batch if args.max_batch is not None else 1,
+    }
+    for flag, value in positive.items():
+        if value < 1:
+            parser.error(f"{flag} must be positive, got {value}")
+    if args.warmup_steps < 0:
+        parser.error(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
+    return args
+
+
+def _write_json(path: Path, environment: dict, args: argparse.Namespace, checks, results, elapsed: float) -> None:
+    settings = {
+        key: str(value) if isinstance(value, (Path, torch.device)) else value for key, value in vars(args).items()
+    }
+    payload = {
+        "environment": environment,
+        "settings": settings,
+        "penalty_checks": [{**asdict(check), "passed": check.passed} for check in checks],
+        "results": [asdict(result) for result in results],
+        "elapsed_s": elapsed,
+    }
+    path.write_text(json.dumps(payload, indent=1))
+
+
+def time_method(args: argparse.Namespace, method: str, image_size: int, batch: int) -> Result:
+    """Step time and peak memory of one method at one image size (a fresh student and teacher)."""
+    trainer = build_trainer(method, args.model, args.model_kwargs, image_size, args.alpha, args.device)
+    result = Result(image_size, _tokens(trainer.model), method, batch)
+    try:
+        result.step_ms, result.peak_gib = time_steps(trainer, batch, image_size, args.warmup_steps, args.steps)
+    except torch.OutOfMemoryError:
+        pass
+    return result
+
+
+def search_method(args: argparse.Namespace, result: Result, deadline: float) -> None:
+    """Fill ``result.max_batch`` by a batch search on a fresh student and teacher."""
+    trainer = build_trainer(result.method, args.model, args.model_kwargs, result.image_size, args.alpha, args.device)
+    result.max_batch, result.max_batch_exact = largest_batch(
+        lambda batch: batch_fits(trainer, batch, result.image_size, args.probe_steps),
+        start=result.batch,
+        start_fits=result.step_ms is not None,
+        cap=args.max_batch or max(1, MAX_TOKENS_PER_STEP // result.tokens),
+        deadline=deadline,
+    )
+
+
+def run_timings(args: argparse.Namespace, report: Callable[[], None]) -> list[Result]:
+    """Phase 2: every (image size, method) at its timing batch."""
+    results = []
+    for image_size, batch in zip(args.image_sizes, args.batches):
+        for method in args.methods:
+            result = time_method(args, method, image_size, batch)
+            # The trainer is gone with time_method's frame; give its memory back before the next.
+            free_memory(args.device)
+            results.append(result)
+            if result.step_ms is None:
+                status = "OOM"
+            else:
+                status = f"{result.step_ms:.1f} ms, peak {_number(result.peak_gib, '.2f')} GiB"
+            print(f"timed {image_size}px {METHOD_LABELS[method]} batch {batch}: {status}", flush=True)
+        report()
+    return results
+
+
+def run_searches(
+    args: argparse.Namespace, results: Sequence[Result], deadline: float, report: Callable[[], None]
+) -> None:
+    """Phase 3: the largest batch of every result, longest sequences first, sharing the time left."""
+    pending = sorted(results, key=lambda r: -r.tokens)
+    for index, result in enumerate(pending):
+        now = time.perf_counter()
+        share = max(0.0, deadline - now) / (len(pending) - index)
+        search_method(args, result, now + share)
+        result.search_s = time.perf_counter() - now
+        free_memory(args.device)
+        bound = "" if result.max_batch_exact else ">="
+        print(
+            f"searched {result.image_size}px {METHOD_LABELS[result.method]}: largest batch "
+            f"{bound}{result.max_batch} ({result.search_s:.0f} s)",
+            flush=True,
+        )
+        report()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the three phases; returns 1 when a penalty check failed, else 0."""
+    args = parse_args(argv)
+    start = time.perf_counter()
+    environment = describe_environment(args.device, args.commit)
+    print(" | ".join(f"{key} {value}" for key, value in environment.items()), flush=True)
+    checks: list[PenaltyCheck] = []
+    results: list[Result] = []
+
+    def report() -> None:
+        # Rewritten after every step of progress so a run cut short still leaves its results.
+        if args.json is not None:
+            _write_json(args.json, environment, args, checks, results, time.perf_counter() - start)
+
+    if any(method in PENALTY_METHODS for method in args.methods):
+        for image_size in args.image_sizes:
+            check = check_penalties(
+                args.methods, args.model, args.model_kwargs, image_size, args.check_batch,
+                args.alpha, args.check_rtol, args.device,
+            )
+            checks.append(check)
+            print(format_check(check), flush=True)
+            free_memory(args.device)
+        report()
+    results += run_timings(args, report)
+    if not args.no_search:
+        run_searches(args, results, start + args.time_budget_s, report)
+    print(format_table(results), flush=True)
+    if args.plot is not None:
+        plot_results(results, args.plot)
+    report()
+    failed = [check for check in checks if not check.passed]
+    print(f"done in {time.perf_counter() - start:.0f} s; {len(failed)} failed penalty checks", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""Smoke tests of the end-to-end distillation benchmark with a tiny ViT on the CPU.
+
+The full run (ViT-B/16 at 224/512/1024 px) happens on the H200 by hand; these tests keep
+the script's pieces honest: the batch search, the eager (b) penalty against the
+distiller's, OOM handling, the table, the plot and the JSON file.
+"""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+BENCHMARKS = str(Path(__file__).resolve().parent.parent / "benchmarks")
+if BENCHMARKS not in sys.path:
+    sys.path.insert(0, BENCHMARKS)
+
+import e2e_distillation as e2e  # noqa: E402
+
+CPU = torch.device("cpu")
+TINY = e2e.TINY_MODEL_KWARGS
+
+
+class Probe:
+    """A ``fits`` callable with a known limit that records which batches were tried."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.tried: list[int] = []
+
+    def __call__(self, batch: int) -> bool:
+        self.tried.append(batch)
+        return batch <= self.limit
+
+
+FAR = float("inf")
+
+
+@pytest.mark.parametrize(
+    "limit, start, start_fits, cap, expected",
+    [
+        (37, 4, True, 1000, (37, True)),  # doubling past the limit, then bisection
+        (5, 64, False, 1000, (5, True)),  # the start fails: halve first
+        (0, 4, None, 1000, (0, True)),  # even one does not fit
+        (1000, 8, None, 50, (50, False)),  # the cap fits: only a lower bound
+        (50, 8, None, 50, (50, False)),
+    ],
+)
+def test_largest_batch_brackets_then_bisects(limit, start, start_fits, cap, expected):
+    probe = Probe(limit)
+    assert e2e.largest_batch(probe, start, start_fits, cap, deadline=FAR) == expected
+    if start_fits is not None:
+        assert start not in probe.tried  # a measured start is not probed again
+    assert len(probe.tried) == len(set(probe.tried))
+
+
+def test_largest_batch_stops_within_precision():
+    probe = Probe(1000)
+    batch, exact = e2e.largest_batch(probe, 64, True, 10**6, deadline=FAR)
+    assert exact and 1000 - 1000 // e2e.SEARCH_PRECISION <= batch <= 1000
+    assert len(probe.tried) <= 15
+
+
+def test_largest_batch_past_deadline_is_a_lower_bound():
+    probe = Probe(100)
+    assert e2e.largest_batch(probe, 8, True, 1000, deadline=time.perf_counter() - 1) == (8, False)
+    assert probe.tried == []
+
+
+def test_eager_distiller_matches_streaming_penalty():
+    torch.manual_seed(0)
+    model = e2e.build_model(e2e.DEFAULT_MODEL, TINY, 48, CPU)
+    eager = e2e.build_distiller("eager", alpha=0.5)
+    streaming = e2e.build_distiller("torch", alpha=0.5)
+    for distiller in (eager, streaming):
+        distiller.update_teacher(model)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn_like(parameter), alpha=0.2)
+    images, _ = e2e.random_batch(2, 48, model.num_classes, CPU)
+    penalties = []
+    for distiller in (eager, streaming):
+        with distiller.student_capture(model) as capture:
+            model(images)
+        penalties.append(distiller.penalty(images, capture.qk, student_scales=capture.scales))
+    assert penalties[0] > 1e-3
+    torch.testing.assert_close(penalties[0], penalties[1], rtol=1e-5, atol=0)
+
+
+@pytest.mark.parametrize("method", ["none", "eager", "torch"])
+def test_trainer_step_updates_the_student(method):
+    trainer = e2e.build_trainer(method, e2e.DEFAULT_MODEL, TINY, 32, alpha=1.0, device=CPU)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    images, labels = e2e.random_batch(2, 32, trainer.num_classes, CPU)
+    loss = trainer.step(images, labels)
+    assert torch.isfinite(loss)
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
+    if method != "none":
+        assert all(not p.requires_grad for p in trainer.distiller.teacher.parameters())
+
+
+def test_batch_fits_turns_oom_into_false(monkeypatch):
+    trainer = e2e.build_trainer("none", e2e.DEFAULT_MODEL, TINY, 32, alpha=1.0, device=CPU)
+    assert e2e.batch_fits(trainer, 2, 32, steps=1)
+
+    def out_of_memory(images, labels):
+        raise torch.OutOfMemoryError("simulated")
+
+    monkeypatch.setattr(trainer, "step", out_of_memory)
+    assert not e2e.batch_fits(trainer, 2, 32, steps=1)
+
+
+def test_check_penalties_compares_methods_and_reference():
+    check = e2e.check_penalties(["none", "eager", "torch"], e2e.DEFAULT_MODEL, TINY, 48, 2, 1.0, 0.05, CPU)
+    assert set(check.values) == {"eager", "torch"}
+    assert check.tokens == 10 and check.reference > 0
+    for value in check.values.values():
+        assert value == pytest.approx(check.reference, rel=0.05)
+    assert check.passed and "float64" in e2e.format_check(check)
+
+
+def test_table_marks_oom_and_lower_bounds():
+    results = [
+        e2e.Result(224, 197, "none", 4, 10.0, 1.0, 100, True),
+        e2e.Result(224, 197, "eager", 4, None, None, 3, True),
+        e2e.Result(224, 197, "triton", 4, 15.0, 1.2, 90, False),
+    ]
+    lines = e2e.format_table(results).splitlines()
+    assert len(lines) == 4
+    assert "OOM" in lines[2]
+    assert ">=90" in lines[3] and "1.50" in lines[3] and "30.0" in lines[3]
+
+
+def test_main_writes_json_and_plot(tmp_path, capsys):
+    out, plot = tmp_path / "e2e.json", tmp_path / "e2e.png"
+    argv = [
+        "--device", "cpu", "--tiny", "--image-sizes", "32", "--methods", "none", "eager", "torch",
+        "--steps", "1", "--warmup-steps", "0", "--probe-steps", "1", "--max-batch", "4",
+        "--check-rtol", "0.05", "--json", str(out), "--plot", str(plot), "--commit", "abc123",
+    ]
+    assert e2e.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "commit abc123" in printed and "penalty check 32px" in printed
+    payload = json.loads(out.read_text())
+    assert [r["method"] for r in payload["results"]] == ["none", "eager", "torch"]
+    assert all(r["step_ms"] > 0 and r["max_batch"] == 4 for r in payload["results"])
+    assert payload["penalty_checks"][0]["passed"]
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bad_flags_are_rejected():
+    with pytest.raises(SystemExit):
+        e2e.parse_args(["--device", "cpu", "--image-sizes", "300"])  # no default batch for 300 px
+    with pytest.raises(SystemExit):
+        e2e.parse_args(["--device", "cpu", "--tiny", "--model-kwargs", "[1, 2]"])
