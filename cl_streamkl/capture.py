@@ -112,11 +112,13 @@ def register_qk_extractor(attention_cls: type, extractor: QKExtractor | None = N
         extractor = attention_product_extractor
     if not callable(extractor):
         raise TypeError(f"extractor must be callable, got {type(extractor).__name__}")
+    _ensure_timm_defaults()
     _EXTRACTORS[attention_cls] = extractor
 
 
 def qk_extractor_for(module: nn.Module) -> QKExtractor | None:
     """The extractor registered for ``type(module)``, or ``None``."""
+    _ensure_timm_defaults()
     return _EXTRACTORS.get(type(module))
 
 
@@ -279,23 +281,34 @@ def attention_product_extractor(module: nn.Module, record: RecordQK) -> list[_Re
     return [_WatcherHandle(watcher, handles)]
 
 
-def _register_timm_defaults() -> None:
-    import timm.layers
-    import timm.models.eva
-    import timm.models.vision_transformer
+_DEFAULTS_REGISTERED = False
 
+
+def _ensure_timm_defaults() -> None:
+    """Register timm's attention classes on first use, so importing this module stays cheap.
+
+    Defaults never replace an extractor the user registered for the same class, and
+    without timm installed there are simply no defaults.
+    """
+    global _DEFAULTS_REGISTERED
+    if _DEFAULTS_REGISTERED:
+        return
+    _DEFAULTS_REGISTERED = True
+    try:
+        import timm.layers
+        import timm.models.eva
+        import timm.models.vision_transformer
+    except ImportError:
+        return
     candidates = [
-        getattr(timm.models.vision_transformer, "Attention", None),
+        getattr(timm.models.vision_transformer, "Attention", None),  # defined here in older timm 1.0.x
         getattr(timm.layers, "Attention", None),
         getattr(timm.layers, "AttentionRope", None),
         getattr(timm.models.eva, "EvaAttention", None),
     ]
     for cls in candidates:
         if isinstance(cls, type) and issubclass(cls, nn.Module):
-            register_qk_extractor(cls)
-
-
-_register_timm_defaults()
+            _EXTRACTORS.setdefault(cls, attention_product_extractor)
 
 
 def _looks_like_attention(module: nn.Module) -> bool:

@@ -215,6 +215,17 @@ def test_attention_with_relative_position_bias_is_rejected() -> None:
         QKCapture(beit)
 
 
+def test_user_registration_of_a_timm_class_is_not_overridden(isolated_registry) -> None:
+    attention_cls = type(tiny_vit().blocks[0].attn)
+
+    def custom(module, record):
+        return []
+
+    register_qk_extractor(attention_cls, custom)
+    capture_module._ensure_timm_defaults()
+    assert capture_module.qk_extractor_for(tiny_vit().blocks[0].attn) is custom
+
+
 def test_model_without_attention_is_rejected() -> None:
     with pytest.raises(TypeError, match="Sequential.*register_qk_extractor"):
         QKCapture(nn.Sequential(nn.Linear(4, 4)))
@@ -254,8 +265,14 @@ class Blocks(nn.Module):
         return self.blocks(x)
 
 
-def test_registering_another_attention_class(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def isolated_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Registrations made by a test vanish afterwards; timm's defaults stay."""
+    capture_module._ensure_timm_defaults()
     monkeypatch.setattr(capture_module, "_EXTRACTORS", dict(capture_module._EXTRACTORS))
+
+
+def test_registering_another_attention_class(isolated_registry) -> None:
     model = Blocks(SdpaAttention)
     with pytest.raises(TypeError, match="SdpaAttention which has no registered Q/K extractor"):
         QKCapture(model)
@@ -272,8 +289,7 @@ def test_registering_another_attention_class(monkeypatch: pytest.MonkeyPatch) ->
         register_qk_extractor(SdpaAttention, extractor="not callable")
 
 
-def test_custom_extractor_function(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(capture_module, "_EXTRACTORS", dict(capture_module._EXTRACTORS))
+def test_custom_extractor_function(isolated_registry) -> None:
 
     def from_qkv_output(module: nn.Module, record):
         def hook(_m, _inputs, out):
@@ -291,8 +307,7 @@ def test_custom_extractor_function(monkeypatch: pytest.MonkeyPatch) -> None:
     assert count_hooks(model) == 0
 
 
-def test_unreadable_forward_fails_loudly(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(capture_module, "_EXTRACTORS", dict(capture_module._EXTRACTORS))
+def test_unreadable_forward_fails_loudly(isolated_registry) -> None:
     register_qk_extractor(EinsumAttention)
     register_qk_extractor(SdpaAttention)
     for model, match in [
