@@ -451,3 +451,31 @@ def test_state_without_teacher_and_rejected_states(tmp_path) -> None:
         pending.distiller.penalty(torch.randn(1, *IMAGE), [])
     with pytest.raises(ValueError, match="does not fit this model"):
         pending.attach(tiny_model(depth=3))
+
+
+# ---------------------------------------------------------------- GPU smoke script, CPU dry run
+
+
+@pytest.mark.parametrize("mode", ["avalanche", "plain"])
+def test_gpu_smoke_script_dry_run_on_cpu(tmp_path, monkeypatch, mode: str) -> None:
+    import importlib.util
+    import json
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "plugin_gpu_smoke.py"
+    spec = importlib.util.spec_from_file_location("plugin_gpu_smoke", path)
+    smoke = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, smoke)  # dataclasses look their module up there
+    spec.loader.exec_module(smoke)
+    args = [
+        "--device", "cpu", "--img-size", "32", "--patch-size", "8", "--depth", "2", "--embed-dim", "64",
+        "--heads", "2", "--batch", "2", "--iters", "2", "--backend", "torch", "--lr", "1e-2",
+        "--json", str(tmp_path / "smoke.json"),
+    ]
+    assert smoke.main(args + (["--no-avalanche"] if mode == "plain" else [])) == 0
+    result = json.loads((tmp_path / "smoke.json").read_text())
+    assert result["summary"]["mode"] == mode and result["summary"]["all_checks_passed"]
+    rows = result["rows"]
+    assert [(r["experience"], r["iteration"]) for r in rows] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert rows[3]["penalty"] > 0 and rows[3]["reference"] is not None
