@@ -1,0 +1,84 @@
+"""Any ImageFolder-style directory (one sub-folder per class), split class-incrementally.
+
+Two layouts are accepted:
+
+- ``root/train/<class>/*`` and ``root/test/<class>/*`` (``val/`` is accepted in place
+  of ``test/``): the given split is used as test set;
+- ``root/<class>/*``: a stratified, seeded fraction of each class becomes the test set.
+
+Classes are the sorted sub-folder names, as in ``torchvision.datasets.ImageFolder``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
+
+from cl_streamkl.data.images import FileImages
+from cl_streamkl.data.stream import LabeledSplits
+
+TEST_FRACTION = 0.2
+
+
+def _samples(folder: Path, class_to_idx: dict[str, int]) -> tuple[list[str], list[int]]:
+    pairs = make_dataset(str(folder), class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
+    return [p for p, _ in pairs], [t for _, t in pairs]
+
+
+def load_image_folder(
+    root: str | Path, *, image_size: int, in_chans: int = 3, split_seed: int = 0
+) -> LabeledSplits:
+    """Read an ImageFolder-style directory (see the module docstring for the layouts).
+
+    Args:
+        root: the directory.
+        image_size: side length of the returned square images.
+        in_chans: 3 decodes RGB, 1 greyscale.
+        split_seed: seeds the train/test split of the single-folder layout.
+
+    Returns:
+        Splits whose labels index the sorted class folder names; images load lazily.
+
+    Raises:
+        ValueError: ``root`` is not a directory, has no class folders or no images,
+            or the train and test folders name different classes.
+    """
+    root = Path(root).expanduser()
+    if not root.is_dir():
+        raise ValueError(f"imagefolder: data root {str(root)!r} is not a directory")
+    test_dir = next((root / n for n in ("test", "val") if (root / n).is_dir()), None)
+    if (root / "train").is_dir() and test_dir is not None:
+        classes, class_to_idx = find_classes(str(root / "train"))
+        test_classes, _ = find_classes(str(test_dir))
+        if test_classes != classes:
+            raise ValueError(
+                f"imagefolder: {root / 'train'} and {test_dir} hold different class folders"
+            )
+        train_paths, train_targets = _samples(root / "train", class_to_idx)
+        test_paths, test_targets = _samples(test_dir, class_to_idx)
+    else:
+        try:
+            classes, class_to_idx = find_classes(str(root))
+        except FileNotFoundError as err:
+            raise ValueError(f"imagefolder: {err}") from err
+        paths, targets = _samples(root, class_to_idx)
+        rng = np.random.default_rng(split_seed)
+        targets_arr = np.asarray(targets)
+        is_test = np.zeros(len(paths), dtype=bool)
+        for cls in range(len(classes)):
+            idx = rng.permutation(np.flatnonzero(targets_arr == cls))
+            is_test[idx[: max(1, int(round(TEST_FRACTION * len(idx))))] if len(idx) > 1 else []] = True
+        train_paths = [p for p, t in zip(paths, is_test) if not t]
+        train_targets = [y for y, t in zip(targets, is_test) if not t]
+        test_paths = [p for p, t in zip(paths, is_test) if t]
+        test_targets = [y for y, t in zip(targets, is_test) if t]
+    if not train_paths or not test_paths:
+        raise ValueError(f"imagefolder: no images found under {str(root)!r}")
+    return LabeledSplits(
+        name="imagefolder",
+        train=FileImages(train_paths, train_targets, image_size, in_chans=in_chans),
+        test=FileImages(test_paths, test_targets, image_size, in_chans=in_chans),
+        num_classes=len(classes), in_chans=in_chans, class_names=list(classes),
+    )

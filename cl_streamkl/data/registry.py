@@ -1,0 +1,90 @@
+"""Dataset names the CLI accepts, their defaults, and one entry point to build a stream."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from cl_streamkl.data.cifar import load_cifar
+from cl_streamkl.data.digits import load_digits
+from cl_streamkl.data.image_folder import load_image_folder
+from cl_streamkl.data.stream import ClassIncrementalStream, LabeledSplits, split_class_incremental
+from cl_streamkl.data.tiny_imagenet import load_tiny_imagenet
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """Defaults of one dataset: experiences, native image side, whether it reads --data-root."""
+
+    n_experiences: int
+    native_size: int | None
+    needs_root: bool
+
+
+DATASETS: dict[str, DatasetInfo] = {
+    "digits": DatasetInfo(n_experiences=5, native_size=8, needs_root=False),
+    "cifar10": DatasetInfo(n_experiences=5, native_size=32, needs_root=True),
+    "cifar100": DatasetInfo(n_experiences=10, native_size=32, needs_root=True),
+    "tiny-imagenet": DatasetInfo(n_experiences=10, native_size=64, needs_root=True),
+    "imagefolder": DatasetInfo(n_experiences=5, native_size=None, needs_root=True),
+}
+
+
+def load_splits(
+    name: str,
+    *,
+    data_root: str | Path | None,
+    image_size: int,
+    download: bool = False,
+    in_chans: int | None = None,
+    split_seed: int = 0,
+) -> LabeledSplits:
+    """Load a dataset's whole train and test sets by name.
+
+    Args:
+        name: one of :data:`DATASETS`.
+        data_root: where the files live; required for every dataset except ``digits``.
+        image_size: side length of the images the loaders return.
+        download: allow fetching CIFAR / Tiny-ImageNet into ``data_root`` when missing.
+        in_chans: channels for ``imagefolder`` (default 3); other datasets have fixed channels.
+        split_seed: seeds the train/test split of datasets that ship without one.
+
+    Raises:
+        ValueError: unknown name, missing ``data_root``, or a loader's format error.
+    """
+    if name not in DATASETS:
+        raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
+    if in_chans is not None and name != "imagefolder":
+        raise ValueError(f"in_chans can only be chosen for 'imagefolder'; {name!r} has fixed channels")
+    if name == "digits":
+        return load_digits(image_size=image_size, split_seed=split_seed)
+    if data_root is None:
+        raise ValueError(f"dataset {name!r} needs --data-root (the folder holding its files)")
+    root = Path(data_root).expanduser()
+    if not root.exists() and not download:
+        raise ValueError(f"data root {str(root)!r} does not exist (pass --download to fetch {name})")
+    if name in ("cifar10", "cifar100"):
+        return load_cifar(name, root, image_size=image_size, download=download)
+    if name == "tiny-imagenet":
+        return load_tiny_imagenet(root, image_size=image_size, download=download)
+    if download:
+        raise ValueError("imagefolder data cannot be downloaded; point --data-root at your folder")
+    return load_image_folder(root, image_size=image_size, in_chans=in_chans or 3,
+                             split_seed=split_seed)
+
+
+def build_stream(
+    splits: LabeledSplits,
+    *,
+    n_experiences: int | None,
+    seed: int,
+    val_fraction: float,
+    split_seed: int = 0,
+) -> ClassIncrementalStream:
+    """Split loaded data class-incrementally; ``n_experiences=None`` takes the dataset default."""
+    if n_experiences is None:
+        n_experiences = DATASETS[splits.name].n_experiences
+    return split_class_incremental(
+        splits, n_experiences=n_experiences, seed=seed,
+        val_fraction=val_fraction, split_seed=split_seed,
+    )
