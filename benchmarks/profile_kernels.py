@@ -5,12 +5,17 @@ For each shape, prints the do_bench median of a forward and of a forward+backwar
 summed device time of every kernel the call launched, from torch.profiler. A large
 gap between the two means the call is host-bound (launch and dispatch overhead).
 
-Usage: python benchmarks/profile_kernels.py [--shapes 32x12x197x64 8x12x1024x64]
+With --host-profile, also prints the Python functions that take the host's time in
+one forward+backward (cProfile, sorted by own time).
+
+Usage: python benchmarks/profile_kernels.py [--shapes 32x12x197x64 8x12x1024x64] [--host-profile]
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 from collections import defaultdict
 
 import torch
@@ -45,6 +50,7 @@ def kernel_times_us(fn, iterations: int = 20) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", type=parse_shape, default=[(32, 12, 197, 64), (8, 12, 1024, 64)])
+    parser.add_argument("--host-profile", action="store_true")
     args = parser.parse_args()
     for batch, heads, n, dim in args.shapes:
         q, k, q_t, k_t = (torch.randn(batch, heads, n, dim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
@@ -67,6 +73,12 @@ def main() -> None:
             )
             for name, us in sorted(kernels.items(), key=lambda item: -item[1]):
                 print(f"    {us:8.1f} us  {name}")
+        if args.host_profile:
+            profiler = cProfile.Profile()
+            profiler.runcall(lambda: [forward_backward() for _ in range(100)])
+            torch.cuda.synchronize()
+            print("host profile of 100 forward+backward calls:")
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(14)
 
 
 if __name__ == "__main__":

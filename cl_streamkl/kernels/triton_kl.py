@@ -419,13 +419,24 @@ def _attention_kl_bwd_dk_kernel(
         )
 
 
+# Host-side helpers are plain Python: triton.cdiv / triton.next_power_of_2 are
+# constexpr functions whose wrappers cost microseconds per call, and at ViT sizes
+# (197 tokens) the kernels themselves run for only tens of microseconds.
+def _next_power_of_2(value: int) -> int:
+    return 1 << (value - 1).bit_length()
+
+
+def _cdiv(numerator: int, denominator: int) -> int:
+    return -(-numerator // denominator)
+
+
 def _block_dim(head_dim: int) -> int:
     # tl.dot needs every operand dimension to be at least 16.
-    return max(16, triton.next_power_of_2(head_dim))
+    return max(16, _next_power_of_2(head_dim))
 
 
 def _length_bucket(length: int) -> int:
-    return triton.next_power_of_2(length)
+    return _next_power_of_2(length)
 
 
 def _autotune_configs(kind: str) -> list[triton.Config]:
@@ -507,7 +518,7 @@ def _strides3(tensor: torch.Tensor) -> tuple[int, int, int]:
 def _grid(length: int, batch_heads: int, block: str):
     # Tiles and (batch, head) pairs are folded into one axis, tiles fastest, so
     # B·H is not capped by the 65535 limit of grid axes 1 and 2.
-    return lambda meta: (triton.cdiv(length, meta[block]) * batch_heads,)
+    return lambda meta: (_cdiv(length, meta[block]) * batch_heads,)
 
 
 def _device_guard(tensor: torch.Tensor):
