@@ -18,14 +18,16 @@ the first step.
 Three phases, results printed as they come:
 
 1. Penalty check per image size: a student perturbed away from its teacher, one batch of
-   ``--check-batch`` images; (b), (c), (d) and a float64 reference on the same captured Q/K
-   must agree to ``--check-rtol`` (relative).
+   ``--check-batch`` images; the penalties of (b), (c), (d) must agree pairwise to
+   ``--check-rtol`` (relative). A float64 reference on the same captured Q/K is printed
+   beside them to show which one is off.
 2. Timing per (image size, method) at a fixed batch (default 64 / 16 / 4, about 16k tokens
    per step): median step time over ``--steps`` steps after ``--warmup-steps`` steps (the
    warm-up includes Triton autotuning), and peak device memory (``max_memory_allocated``
    over the timed steps: weights, AdamW state, teacher and activations).
-3. Largest batch that fits per (image size, method): from the timing batch, doubling until
-   out of memory, then bisection until the gap is at most 1/32 of the batch; each probe runs
+3. Largest batch that fits per (image size, method): from an estimate (timing batch ×
+   device memory / its peak), doubling or halving until the limit is bracketed, then
+   bisection until the gap is at most 1/32 of the batch; each probe runs
    ``--probe-steps`` steps. Sizes are searched from the longest sequence down, each search
    with a fair share of what is left of ``--time-budget-s``; a search cut short reports
    ``>=`` its best batch so far, and one that fits ``--max-batch`` reports ``>=`` too.
@@ -265,41 +267,55 @@ def batch_fits(trainer: Trainer, batch: int, image_size: int, steps: int) -> boo
     return fits
 
 
-def largest_batch(
-    fits: Callable[[int], bool], start: int, start_fits: bool | None, cap: int, deadline: float
-) -> tuple[int, bool]:
-    """Largest batch ≤ ``cap`` for which ``fits`` holds, searched from ``start``.
+def _next_probe(largest_fit: int, smallest_fail: int, cap: int) -> int:
+    if smallest_fail > cap:  # no failure seen yet: grow
+        return max(1, min(2 * largest_fit, cap))
+    if largest_fit == 0:  # only failures seen: shrink
+        return smallest_fail // 2
+    return (largest_fit + smallest_fail) // 2
 
-    Doubles (or halves, if ``start`` fails) to bracket the limit, then bisects until the
-    gap is at most 1/``SEARCH_PRECISION`` of the batch. ``start_fits`` skips re-probing a
-    start already measured.
+
+def largest_batch(
+    fits: Callable[[int], bool],
+    start: int,
+    cap: int,
+    deadline: float,
+    known_fit: int = 0,
+    known_fail: int | None = None,
+) -> tuple[int, bool]:
+    """Largest batch ≤ ``cap`` for which ``fits`` holds.
+
+    Probes ``start`` first, then doubles (or halves, while nothing fits) until the limit is
+    bracketed, then bisects until the gap is at most 1/``SEARCH_PRECISION`` of the batch.
+
+    Args:
+        fits: runs a probe at a batch size; False means out of memory.
+        start: first batch to probe.
+        cap: largest batch worth trying.
+        deadline: ``time.perf_counter()`` value after which no new probe starts.
+        known_fit: a batch already known to fit (0: none).
+        known_fail: a batch already known not to fit (None: none).
 
     Returns:
         (batch, exact): batch 0 means even 1 does not fit; ``exact`` is False when the
-        deadline passed or ``cap`` itself fits (the answer is then a lower bound).
+        deadline stopped the search or ``cap`` itself fits (the answer is then a lower bound).
     """
-    largest_fit, smallest_fail = 0, cap + 1
-    batch = min(start, cap)
-    outcome = start_fits if batch == start else None
-    while batch >= 1 and largest_fit < batch < smallest_fail:
-        if outcome is None:
-            if time.perf_counter() > deadline:
-                return largest_fit, False
-            outcome = fits(batch)
-        if outcome:
-            largest_fit, batch = batch, min(2 * batch, cap)
-        else:
-            smallest_fail, batch = batch, batch // 2
-        outcome = None
+    # Every probe lies strictly inside (largest_fit, smallest_fail), so the bracket shrinks
+    # each time and the search ends.
+    largest_fit = min(known_fit, cap)
+    smallest_fail = cap + 1 if known_fail is None else min(known_fail, cap + 1)
+    probe = min(start, cap)
+    if not largest_fit < probe < smallest_fail:
+        probe = _next_probe(largest_fit, smallest_fail, cap)
     while smallest_fail - largest_fit > max(1, largest_fit // SEARCH_PRECISION):
         if time.perf_counter() > deadline:
             return largest_fit, False
-        middle = (largest_fit + smallest_fail) // 2
-        if fits(middle):
-            largest_fit = middle
+        if fits(probe):
+            largest_fit = probe
         else:
-            smallest_fail = middle
-    return largest_fit, largest_fit < cap and smallest_fail <= cap
+            smallest_fail = probe
+        probe = _next_probe(largest_fit, smallest_fail, cap)
+    return largest_fit, smallest_fail <= cap
 
 
 def _perturb(model: nn.Module, std: float) -> None:
@@ -510,8 +526,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help=f"batch search cap (default: {MAX_TOKENS_PER_STEP} tokens per step)",
     )
     parser.add_argument(
-        "--time-budget-s", type=float, default=420.0,
-        help="wall-clock budget of the whole run; the batch searches share what is left (default 420)",
+        "--time-budget-s", type=float, default=450.0,
+        help="wall-clock budget of the whole run; the batch searches share what is left (default 450)",
     )
     parser.add_argument("--no-search", action="store_true", help="skip the largest-batch search")
     parser.add_argument("--check-batch", type=int, default=2, help="batch of the penalty check (default 2)")
@@ -582,15 +598,30 @@ def time_method(args: argparse.Namespace, method: str, image_size: int, batch: i
     return result
 
 
+def search_start(result: Result, device: torch.device) -> int:
+    """First batch to probe: the timing batch scaled by device memory over its peak.
+
+    Counting the fixed memory (weights, AdamW state, teacher) as if it grew with the batch
+    makes this an underestimate of the limit, usually by a few percent, which saves the
+    doublings from the small timing batch. Without a measured peak it is the timing batch.
+    """
+    if result.peak_gib is None or device.type != "cuda":
+        return result.batch
+    total_gib = torch.cuda.get_device_properties(device).total_memory / 2**30
+    return max(result.batch, int(result.batch * total_gib / result.peak_gib))
+
+
 def search_method(args: argparse.Namespace, result: Result, deadline: float) -> None:
     """Fill ``result.max_batch`` by a batch search on a fresh student and teacher."""
     trainer = build_trainer(result.method, args.model, args.model_kwargs, result.image_size, args.alpha, args.device)
+    timed = result.step_ms is not None
     result.max_batch, result.max_batch_exact = largest_batch(
         lambda batch: batch_fits(trainer, batch, result.image_size, args.probe_steps),
-        start=result.batch,
-        start_fits=result.step_ms is not None,
+        start=search_start(result, args.device),
         cap=args.max_batch or max(1, MAX_TOKENS_PER_STEP // result.tokens),
         deadline=deadline,
+        known_fit=result.batch if timed else 0,
+        known_fail=None if timed else result.batch,
     )
 
 

@@ -39,33 +39,48 @@ FAR = float("inf")
 
 
 @pytest.mark.parametrize(
-    "limit, start, start_fits, cap, expected",
+    "limit, start, known_fit, known_fail, cap, expected",
     [
-        (37, 4, True, 1000, (37, True)),  # doubling past the limit, then bisection
-        (5, 64, False, 1000, (5, True)),  # the start fails: halve first
-        (0, 4, None, 1000, (0, True)),  # even one does not fit
-        (1000, 8, None, 50, (50, False)),  # the cap fits: only a lower bound
-        (50, 8, None, 50, (50, False)),
+        (37, 4, 0, None, 1000, (37, True)),  # doubling past the limit, then bisection
+        (37, 4, 4, None, 1000, (37, True)),  # a start already known to fit is not probed again
+        (5, 64, 0, None, 1000, (5, True)),  # the start fails: halve first
+        (5, 30, 2, 64, 1000, (5, True)),  # known bounds bracket the search
+        (0, 4, 0, None, 1000, (0, True)),  # even one does not fit
+        (1000, 8, 0, None, 50, (50, False)),  # the cap fits: only a lower bound
+        (50, 8, 0, None, 50, (50, False)),
+        (60, 500, 0, None, 50, (50, False)),  # a start beyond the cap probes the cap
+        (60, 8, 80, 90, 50, (50, False)),  # known bounds beyond the cap are clipped to it
     ],
 )
-def test_largest_batch_brackets_then_bisects(limit, start, start_fits, cap, expected):
+def test_largest_batch_brackets_then_bisects(limit, start, known_fit, known_fail, cap, expected):
     probe = Probe(limit)
-    assert e2e.largest_batch(probe, start, start_fits, cap, deadline=FAR) == expected
-    if start_fits is not None:
-        assert start not in probe.tried  # a measured start is not probed again
+    result = e2e.largest_batch(probe, start, cap, FAR, known_fit=known_fit, known_fail=known_fail)
+    assert result == expected
     assert len(probe.tried) == len(set(probe.tried))
+    assert known_fit not in probe.tried and known_fail not in probe.tried
+
+
+def test_largest_batch_finds_every_small_limit():
+    # Below SEARCH_PRECISION batches the search is exact; it must end for every input.
+    for limit in range(25):
+        for start in (1, 3, 7, 30):
+            for cap in (1, 5, 16, 24):
+                probe = Probe(limit)
+                expected = (cap, False) if limit >= cap else (limit, True)
+                assert e2e.largest_batch(probe, start, cap, FAR) == expected, (limit, start, cap)
+                assert len(probe.tried) <= 2 * cap.bit_length() + 1
 
 
 def test_largest_batch_stops_within_precision():
     probe = Probe(1000)
-    batch, exact = e2e.largest_batch(probe, 64, True, 10**6, deadline=FAR)
+    batch, exact = e2e.largest_batch(probe, 900, 10**6, FAR)
     assert exact and 1000 - 1000 // e2e.SEARCH_PRECISION <= batch <= 1000
-    assert len(probe.tried) <= 15
+    assert len(probe.tried) <= 8
 
 
 def test_largest_batch_past_deadline_is_a_lower_bound():
     probe = Probe(100)
-    assert e2e.largest_batch(probe, 8, True, 1000, deadline=time.perf_counter() - 1) == (8, False)
+    assert e2e.largest_batch(probe, 30, 1000, time.perf_counter() - 1, known_fit=8) == (8, False)
     assert probe.tried == []
 
 
