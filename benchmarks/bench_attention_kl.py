@@ -49,6 +49,11 @@ the per-row KL and of dQ, dK (upstream gradient random, not 1).
 
 Out-of-memory is a result: the row prints ``OOM`` and the run goes on.
 
+Run time is mostly compilation: one static ``torch.compile`` graph per problem and, for the
+Triton kernels, autotuning per (length bucket, head dim, dtype, causal). Both caches live
+on disk, so a second run on the same machine is much faster. Results are printed and the
+``--json`` file rewritten after every problem, so a run cut short keeps what it measured.
+
 Examples::
 
     PYTHONPATH=. python benchmarks/bench_attention_kl.py --json bench.json
@@ -84,7 +89,6 @@ from cl_streamkl import attention_kl, attention_kl_reference
 Shape = tuple[int, int, int, int]
 
 IMPLEMENTATIONS = ("triton", "torch", "eager", "compiled", "sdpa")
-KL_IMPLEMENTATIONS = ("triton", "torch", "eager", "compiled")
 MODES = ("fwd", "bwd", "fwd+bwd")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -738,7 +742,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--impls", nargs="+", choices=IMPLEMENTATIONS, default=list(IMPLEMENTATIONS))
     parser.add_argument(
         "--quick", action="store_true",
-        help="defaults become 2x12x4096x64 and 32x12x197x64 in bf16, no extras (about a minute)",
+        help="defaults become 2x12x4096x64 and 32x12x197x64 in bf16, no extras (1-2 minutes)",
     )
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu for a smoke run")
     parser.add_argument("--warmup-ms", type=float, default=25.0, help="do_bench warmup (default 25)")
