@@ -280,3 +280,16 @@ def test_torch_compile_inductor_fullgraph_on_gpu():
     eager_grad = torch.autograd.grad(eager_value, q)[0]
     torch.testing.assert_close(value, eager_value)
     torch.testing.assert_close(grad, eager_grad)
+
+
+def test_torch_backend_keeps_float32_math_under_autocast(device):
+    torch.manual_seed(12)
+    q, k, q_t, k_t = make_inputs((1, 2, 40, 40, 64, 64, False), torch.bfloat16, device)
+    ref = attention_kl_reference(q, k, q_t, k_t, reduction="none")
+    with torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16):
+        out = attention_kl(q, k, q_t, k_t, reduction="none", backend="torch")
+        grad = torch.autograd.grad(out.sum(), q)[0]
+    assert out.dtype == torch.float32
+    assert rel_err(out, ref) < 1e-5
+    ref_grad = torch.autograd.grad(ref.sum(), q)[0]
+    assert rel_err(grad, ref_grad) < 1e-2

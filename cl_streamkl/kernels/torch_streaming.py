@@ -183,4 +183,7 @@ def attention_kl_rows_torch(
     """
     if not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
-    return _StreamingAttentionKL.apply(q, k, q_teacher, k_teacher, problem, chunk_size)
+    # Under autocast the float32 chunk products would silently run in bf16/fp16;
+    # the contract is float32 math, as in the Triton kernels.
+    with torch.autocast(q.device.type, enabled=False):
+        return _StreamingAttentionKL.apply(q, k, q_teacher, k_teacher, problem, chunk_size)
