@@ -293,3 +293,12 @@ def test_torch_backend_keeps_float32_math_under_autocast(device):
     assert rel_err(out, ref) < 1e-5
     ref_grad = torch.autograd.grad(ref.sum(), q)[0]
     assert rel_err(grad, ref_grad) < 1e-2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_double_backward_is_refused_clearly(backend, device):
+    q, k, q_t, k_t = make_inputs((1, 1, 9, 9, 16, 16, False), torch.float32, device)
+    out = attention_kl(q, k, q_t, k_t, backend=backend)
+    grad_q = torch.autograd.grad(out, q, create_graph=True)[0]
+    with pytest.raises(RuntimeError, match="double backward|does not require grad|differentiable"):
+        torch.autograd.grad(grad_q.sum(), q)

@@ -10,6 +10,7 @@ Runs on any device PyTorch supports.
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from cl_streamkl.kernels.validation import AttentionKLProblem
 
@@ -142,6 +143,7 @@ class _StreamingAttentionKL(torch.autograd.Function):
         return row_kl
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_rows):
         q, k, q_teacher, k_teacher, lse_student, lse_teacher, row_kl = ctx.saved_tensors
         teacher_grad = ctx.needs_input_grad[2] or ctx.needs_input_grad[3]

@@ -18,14 +18,13 @@ import contextlib
 import os
 
 import torch
+from torch.autograd.function import once_differentiable
 import triton
 import triton.language as tl
 
 from cl_streamkl.kernels.validation import AttentionKLProblem
 
 LOG2_E = 1.4426950408889634
-# Read once, as triton does: the interpreter is chosen when kernels are defined.
-INTERPRETING = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @triton.jit
@@ -36,6 +35,11 @@ def _dot(a, b, DOT_PRECISION: tl.constexpr):
         # (triton 3.8); exact fp32 products of the same bf16 values sidestep it.
         return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
     return tl.dot(a, b, input_precision=DOT_PRECISION)
+
+
+# Triton picks its CPU interpreter when a kernel is defined (TRITON_INTERPRET=1 set
+# before triton was imported); ask the kernel object rather than the environment.
+INTERPRETING = type(_dot).__name__ == "InterpretedFunction"
 
 
 @triton.jit
@@ -792,6 +796,7 @@ class _AttentionKLFunction(torch.autograd.Function):
         return row_kl
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, grad_rows):
         return _gradients(ctx, grad_rows, launch_backward)
 
