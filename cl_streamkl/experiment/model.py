@@ -1,0 +1,76 @@
+"""Model factory: any timm ViT-family model, sized for the stream, optionally from local weights."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+import timm
+from torch import nn
+
+
+def check_model_name(name: str) -> None:
+    """Raise ValueError (with close matches) unless ``name`` is a timm model name."""
+    names = timm.list_models()
+    if name not in names:
+        close = difflib.get_close_matches(name, names, n=3)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(f"unknown timm model {name!r}{hint}")
+
+
+def build_model(
+    name: str,
+    *,
+    image_size: int,
+    patch_size: int,
+    in_chans: int,
+    num_classes: int,
+    model_kwargs: dict[str, Any] | None = None,
+    pretrained_file: str | Path | None = None,
+) -> nn.Module:
+    """Create a timm vision transformer (ViT, DeiT, EVA, ...) for this stream.
+
+    The model takes (B, in_chans, image_size, image_size) images and returns
+    (B, num_classes) logits; it sees (image_size / patch_size)² patch tokens.
+
+    Args:
+        name: a timm model name, e.g. ``"vit_tiny_patch16_224"`` or ``"deit_small_patch16_224"``.
+        image_size: input side length (timm ``img_size``).
+        patch_size: patch side length; must divide ``image_size``.
+        in_chans: image channels.
+        num_classes: classifier outputs (all classes of the stream, one shared head).
+        model_kwargs: further timm constructor arguments, e.g. ``{"depth": 4}``.
+        pretrained_file: local weights (``.pth``/``.bin``/``.safetensors``) loaded through
+            timm's own adaptation (position-embedding resampling, input-channel folding,
+            a new classifier when ``num_classes`` differs). Nothing is downloaded.
+
+    Returns:
+        The model, randomly initialised unless ``pretrained_file`` is given.
+
+    Raises:
+        ValueError: unknown name, a model without patch embedding, a size mismatch,
+            a missing weights file or weights that do not fit the architecture.
+    """
+    check_model_name(name)
+    if image_size % patch_size:
+        raise ValueError(f"image size {image_size} is not divisible by patch size {patch_size}")
+    kwargs: dict[str, Any] = dict(model_kwargs or {})
+    kwargs.update(img_size=image_size, patch_size=patch_size, in_chans=in_chans,
+                  num_classes=num_classes)
+    if pretrained_file is not None:
+        path = Path(pretrained_file).expanduser()
+        if not path.is_file():
+            raise ValueError(f"pretrained file {str(path)!r} does not exist")
+        kwargs.update(pretrained=True, pretrained_cfg_overlay={"file": str(path)})
+    try:
+        model = timm.create_model(name, **kwargs)
+    except TypeError as err:
+        raise ValueError(
+            f"timm model {name!r} does not accept {sorted(kwargs)}: is it a ViT-family model? ({err})"
+        ) from err
+    except RuntimeError as err:
+        raise ValueError(f"weights in {pretrained_file} do not fit {name!r}: {err}") from err
+    if not hasattr(model, "patch_embed"):
+        raise ValueError(f"timm model {name!r} has no patch embedding; use a ViT/DeiT/EVA model")
+    return model

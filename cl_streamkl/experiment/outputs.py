@@ -1,0 +1,109 @@
+"""Files a run leaves in its output folder: config.json, results.json, results.csv, summary.csv."""
+
+from __future__ import annotations
+
+import csv
+import json
+import platform
+import subprocess
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cl_streamkl.experiment.config import ExperimentConfig
+from cl_streamkl.experiment.runner import RunResult
+
+CONFIG_FILE = "config.json"
+RESULTS_FILE = "results.json"
+RUNS_CSV = "results.csv"
+SUMMARY_CSV = "summary.csv"
+_PACKAGES = ("cl-streamkl", "torch", "triton", "timm", "avalanche-lib", "torchvision", "numpy",
+             "scikit-learn", "matplotlib")
+
+
+def environment() -> dict[str, Any]:
+    """Library versions, Python, platform, device and git commit (when run from a checkout)."""
+    versions = {}
+    for name in _PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    commit = None
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
+            capture_output=True, text=True, timeout=5, check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {
+        "versions": versions, "python": platform.python_version(), "platform": platform.platform(),
+        "cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        "torch_threads": torch.get_num_threads(), "git_commit": commit,
+    }
+
+
+def write_config(out_dir: Path, config: ExperimentConfig) -> Path:
+    """Write the resolved configuration, which ``--resume`` reads back."""
+    path = Path(out_dir) / CONFIG_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+    return path
+
+
+def read_config(out_dir: Path) -> ExperimentConfig:
+    """The configuration a run folder was started with.
+
+    Raises:
+        ValueError: the folder has no config.json (not a run folder).
+    """
+    path = Path(out_dir) / CONFIG_FILE
+    if not path.is_file():
+        raise ValueError(f"{str(out_dir)!r} is not a run folder: {CONFIG_FILE} is missing")
+    return ExperimentConfig.from_dict(json.loads(path.read_text()))
+
+
+def write_results(out_dir: Path, config: ExperimentConfig, results: Sequence[RunResult],
+                  summary: dict[str, Any]) -> list[Path]:
+    """Write results.json (config, environment, every run, summary) and two CSV files.
+
+    results.csv has one row per (strategy, seed); summary.csv one row per strategy
+    with ``<metric>_mean`` / ``<metric>_std`` columns.
+    """
+    out_dir = Path(out_dir)
+    payload = {
+        "config": config.to_dict(),
+        "environment": environment(),
+        "runs": [r.to_dict() for r in results],
+        "summary": summary,
+    }
+    json_path = out_dir / RESULTS_FILE
+    json_path.write_text(json.dumps(payload, indent=2) + "\n")
+
+    runs_path = out_dir / RUNS_CSV
+    n_exp = len(results[0].accuracy_matrix) if results else 0
+    with open(runs_path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["strategy", "seed", "final_average_accuracy", "average_forgetting",
+                         "backward_transfer", "mean_penalty", "wall_time_s", "peak_memory_mb",
+                         *(f"average_accuracy_exp{i + 1}" for i in range(n_exp))])
+        for r in results:
+            m = r.metrics()
+            writer.writerow([r.strategy, r.seed, m["final_average_accuracy"], m["average_forgetting"],
+                             m["backward_transfer"], "" if m["mean_penalty"] is None else m["mean_penalty"],
+                             r.wall_time_s, r.peak_memory_mb, *m["average_accuracy"]])
+
+    summary_path = out_dir / SUMMARY_CSV
+    scalar_keys = ("final_average_accuracy", "average_forgetting", "backward_transfer",
+                   "wall_time_s", "peak_memory_mb")
+    with open(summary_path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["strategy", "n_seeds", *(f"{k}_{s}" for k in scalar_keys for s in ("mean", "std"))])
+        for strategy, entry in summary.items():
+            writer.writerow([strategy, len(entry["seeds"]),
+                             *(entry[k][s] for k in scalar_keys for s in ("mean", "std"))])
+    return [json_path, runs_path, summary_path]

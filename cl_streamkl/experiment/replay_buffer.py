@@ -1,0 +1,71 @@
+"""An experience-balanced replay buffer whose content is a small, restorable set of indices."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from avalanche.benchmarks.utils.data import AvalancheDataset
+from avalanche.benchmarks.utils.utils import concat_datasets
+from avalanche.training.storage_policy import ExemplarsBuffer
+
+
+class SeededExperienceBuffer(ExemplarsBuffer):
+    """Keeps ``max_size`` samples split evenly over the experiences seen so far.
+
+    Avalanche's ``ExperienceBalancedBuffer`` stores dataset objects drawn with the
+    global RNG, which cannot be written to a checkpoint. This buffer stores, per
+    experience, a random permutation of that experience's sample indices drawn from
+    its own generator (seed, experience id); the buffer holds the first
+    ``quota`` entries of each. Its state is those index tensors, so a resumed run
+    rebuilds exactly the same buffer.
+
+    Args:
+        max_size: total number of stored samples.
+        train_datasets: the stream's training dataset per experience (indices refer to them).
+        seed: run seed; the buffer draws do not touch the global RNG.
+    """
+
+    def __init__(self, max_size: int, train_datasets: Sequence[AvalancheDataset], seed: int) -> None:
+        super().__init__(max_size)
+        self.train_datasets = list(train_datasets)
+        self.seed = seed
+        self.order: dict[int, torch.Tensor] = {}
+
+    def post_adapt(self, agent_state: Any, exp: Any) -> None:
+        """Add the experience just trained on and shrink the older shares."""
+        exp_id = int(exp.current_experience)
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + exp_id)
+        self.order[exp_id] = torch.randperm(len(self.train_datasets[exp_id]), generator=generator)
+        self._rebuild()
+
+    def resize(self, strategy: Any, new_size: int) -> None:
+        """Change the capacity and redistribute it over the stored experiences."""
+        self.max_size = new_size
+        self._rebuild()
+
+    def quotas(self) -> dict[int, int]:
+        """Samples kept per stored experience; the first experiences get the remainder."""
+        ids = sorted(self.order)
+        if not ids:
+            return {}
+        base, extra = divmod(self.max_size, len(ids))
+        return {exp_id: base + (rank < extra) for rank, exp_id in enumerate(ids)}
+
+    def _rebuild(self) -> None:
+        parts = [
+            self.train_datasets[exp_id].subset(self.order[exp_id][:quota].tolist())
+            for exp_id, quota in self.quotas().items() if quota > 0
+        ]
+        self.buffer = concat_datasets(parts)
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"max_size": int, "order": {experience id: (n,) int64 permutation}}``."""
+        return {"max_size": self.max_size, "order": {k: v.clone() for k, v in self.order.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a state from :meth:`state_dict` and rebuild the buffer."""
+        self.max_size = int(state["max_size"])
+        self.order = {int(k): v.clone() for k, v in state["order"].items()}
+        self._rebuild()
