@@ -44,6 +44,10 @@ def test_run_end_to_end(tmp_path, capsys):
         assert run["final_average_accuracy"] == pytest.approx(sum(matrix[-1]) / 5)
         assert -1.0 <= run["backward_transfer"] <= 1.0 and run["wall_time_s"] > 0
         assert len(run["average_accuracy"]) == 5
+        task_aware = run["task_aware_matrix"]
+        assert len(task_aware) == 5 and all(0.0 <= a <= 1.0 for row in task_aware for a in row)
+        # restricting the argmax to an experience's classes can only help
+        assert all(t >= a for tr, ar in zip(task_aware, matrix) for t, a in zip(tr, ar))
         if "streamkl" in run["strategy"]:
             # 5 experiences × 1 epoch × ceil(~260/64) iterations, no penalty before a teacher exists
             assert len(run["penalties"]) >= 5 * 4

@@ -63,5 +63,7 @@ def test_summary_mean_std_and_table_alignment():
     lines = format_table(summary).splitlines()
     assert len(lines) == 4 and len({len(line) for line in lines}) == 1
     assert lines[2].split()[:4] == ["naive", "48.3", "±", "21.2"]
+    assert lines[2].split()[10] == "-"  # no task-aware matrix recorded
+    assert summary["naive"]["final_task_aware_accuracy"] is None
     markdown = format_markdown_table(summary).splitlines()
     assert markdown[0].startswith("| Strategy |") and markdown[3].startswith("| lwf+streamkl | 63.3 ± 0.0 |")

@@ -89,21 +89,24 @@ def write_results(out_dir: Path, config: ExperimentConfig, results: Sequence[Run
     with open(runs_path, "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["strategy", "seed", "final_average_accuracy", "average_forgetting",
-                         "backward_transfer", "mean_penalty", "wall_time_s", "peak_memory_mb",
+                         "backward_transfer", "final_task_aware_accuracy", "mean_penalty",
+                         "wall_time_s", "peak_memory_mb",
                          *(f"average_accuracy_exp{i + 1}" for i in range(n_exp))])
         for r in results:
             m = r.metrics()
             writer.writerow([r.strategy, r.seed, m["final_average_accuracy"], m["average_forgetting"],
-                             m["backward_transfer"], "" if m["mean_penalty"] is None else m["mean_penalty"],
+                             m["backward_transfer"], m["final_task_aware_accuracy"],
+                             "" if m["mean_penalty"] is None else m["mean_penalty"],
                              r.wall_time_s, r.peak_memory_mb, *m["average_accuracy"]])
 
     summary_path = out_dir / SUMMARY_CSV
     scalar_keys = ("final_average_accuracy", "average_forgetting", "backward_transfer",
-                   "wall_time_s", "peak_memory_mb")
+                   "final_task_aware_accuracy", "wall_time_s", "peak_memory_mb")
     with open(summary_path, "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["strategy", "n_seeds", *(f"{k}_{s}" for k in scalar_keys for s in ("mean", "std"))])
         for strategy, entry in summary.items():
             writer.writerow([strategy, len(entry["seeds"]),
-                             *(entry[k][s] for k in scalar_keys for s in ("mean", "std"))])
+                             *("" if entry[k] is None else entry[k][s]
+                               for k in scalar_keys for s in ("mean", "std"))])
     return [json_path, runs_path, summary_path]

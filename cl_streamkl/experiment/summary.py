@@ -15,6 +15,7 @@ TABLE_COLUMNS = (
     ("final_average_accuracy", "Final avg acc (%)", 100.0),
     ("average_forgetting", "Forgetting (%)", 100.0),
     ("backward_transfer", "BWT (%)", 100.0),
+    ("final_task_aware_accuracy", "Task-aware acc (%)", 100.0),
     ("wall_time_s", "Time (s)", 1.0),
     ("peak_memory_mb", "Peak mem (MB)", 1.0),
 )
@@ -37,6 +38,9 @@ def summarize(results: Sequence[RunResult]) -> dict[str, dict[str, Any]]:
         entry: dict[str, Any] = {"seeds": [r.seed for r in runs]}
         for key in ("final_average_accuracy", "average_forgetting", "backward_transfer"):
             entry[key] = dict(zip(("mean", "std"), mean_std([m[key] for m in metrics])))
+        task_aware = [m["final_task_aware_accuracy"] for m in metrics]
+        entry["final_task_aware_accuracy"] = (
+            None if None in task_aware else dict(zip(("mean", "std"), mean_std(task_aware))))
         for key in ("wall_time_s", "peak_memory_mb"):
             entry[key] = dict(zip(("mean", "std"), mean_std([getattr(r, key) for r in runs])))
         penalties = [m["mean_penalty"] for m in metrics if m["mean_penalty"] is not None]
@@ -51,6 +55,14 @@ def summarize(results: Sequence[RunResult]) -> dict[str, dict[str, Any]]:
     return summary
 
 
+def _cell(stat: dict[str, float] | None, key: str, scale: float, with_std: bool) -> str:
+    if stat is None:
+        return "-"
+    decimals = 0 if key == "peak_memory_mb" else 1
+    mean = f"{stat['mean'] * scale:.{decimals}f}"
+    return f"{mean} ± {stat['std'] * scale:.{decimals}f}" if with_std else mean
+
+
 def format_table(summary: dict[str, dict[str, Any]]) -> str:
     """An aligned text table: one row per strategy, ``mean ± std`` cells when there are seeds."""
     multi_seed = any(len(entry["seeds"]) > 1 for entry in summary.values())
@@ -59,9 +71,7 @@ def format_table(summary: dict[str, dict[str, Any]]) -> str:
     for strategy, entry in summary.items():
         row = [strategy]
         for key, _, scale in TABLE_COLUMNS:
-            mean, std = entry[key]["mean"] * scale, entry[key]["std"] * scale
-            decimals = 0 if key == "peak_memory_mb" else 1
-            row.append(f"{mean:.{decimals}f} ± {std:.{decimals}f}" if multi_seed else f"{mean:.{decimals}f}")
+            row.append(_cell(entry[key], key, scale, with_std=multi_seed))
         rows.append(row)
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
 
@@ -79,7 +89,6 @@ def format_markdown_table(summary: dict[str, dict[str, Any]]) -> str:
     for strategy, entry in summary.items():
         cells = [strategy]
         for key, _, scale in TABLE_COLUMNS:
-            decimals = 0 if key == "peak_memory_mb" else 1
-            cells.append(f"{entry[key]['mean'] * scale:.{decimals}f} ± {entry[key]['std'] * scale:.{decimals}f}")
+            cells.append(_cell(entry[key], key, scale, with_std=True))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -1,0 +1,113 @@
+"""Pieces of the run loop without a full run: replay buffer, plugin states, checkpoints, config."""
+
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from avalanche.training.plugins import EWCPlugin, LwFPlugin
+
+from cl_streamkl.data import build_stream, load_splits
+from cl_streamkl.experiment.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from cl_streamkl.experiment.config import ExperimentConfig, strategy_components
+from cl_streamkl.experiment.model import build_model
+from cl_streamkl.experiment.plugin_state import load_plugin_state, plugin_state
+from cl_streamkl.experiment.replay_buffer import SeededExperienceBuffer
+
+
+@pytest.fixture(scope="module")
+def stream():
+    return build_stream(load_splits("digits", data_root=None, image_size=8),
+                        n_experiences=5, seed=0, val_fraction=0.1)
+
+
+def _tiny_model() -> torch.nn.Module:
+    return build_model("vit_tiny_patch16_224", image_size=8, patch_size=4, in_chans=1, num_classes=10,
+                       model_kwargs={"depth": 1, "embed_dim": 16, "num_heads": 2})
+
+
+def test_replay_buffer_balances_experiences_and_restores_exactly(stream):
+    buffer = SeededExperienceBuffer(50, stream.train, seed=3)
+    for exp_id in range(3):
+        buffer.post_adapt(None, SimpleNamespace(current_experience=exp_id))
+    assert buffer.quotas() == {0: 17, 1: 17, 2: 16}
+    assert len(buffer.buffer) == 50
+    labels = [int(buffer.buffer[i][1]) for i in range(50)]
+    assert set(labels) == set(sum(stream.experience_classes[:3], []))
+
+    restored = SeededExperienceBuffer(50, stream.train, seed=999)
+    restored.load_state_dict(torch.load(_roundtrip(buffer.state_dict()), weights_only=True))
+    for i in (0, 17, 49):
+        torch.testing.assert_close(restored.buffer[i][0], buffer.buffer[i][0])
+    # the global RNG is untouched by buffer updates
+    state = torch.get_rng_state()
+    buffer.post_adapt(None, SimpleNamespace(current_experience=3))
+    assert torch.equal(state, torch.get_rng_state())
+    buffer.resize(None, 8)
+    assert len(buffer.buffer) == 8 and buffer.quotas() == {0: 2, 1: 2, 2: 2, 3: 2}
+
+
+def _roundtrip(state: object):
+    import io
+
+    handle = io.BytesIO()
+    torch.save(state, handle)
+    handle.seek(0)
+    return handle
+
+
+def test_lwf_and_ewc_states_survive_weights_only(stream):
+    model = _tiny_model()
+    lwf = LwFPlugin(alpha=1.0, temperature=2.0)
+    lwf.lwf.post_adapt(SimpleNamespace(model=model), SimpleNamespace(dataset=stream.train[0]))
+    ewc = EWCPlugin(ewc_lambda=1.0, mode="separate")
+    from avalanche.training.utils import ParamData
+
+    ewc.saved_params[0] = {"w": ParamData("w", init_tensor=torch.ones(3))}
+    ewc.importances[0] = {"w": ParamData("w", init_tensor=torch.full((3,), 0.5))}
+
+    lwf_state = torch.load(_roundtrip(plugin_state(lwf)), weights_only=True)
+    ewc_state = torch.load(_roundtrip(plugin_state(ewc)), weights_only=True)
+    lwf2, ewc2 = LwFPlugin(), EWCPlugin(ewc_lambda=1.0, mode="separate")
+    load_plugin_state(lwf2, lwf_state, _tiny_model)
+    load_plugin_state(ewc2, ewc_state, _tiny_model)
+    assert lwf2.lwf.expcount == 1
+    assert lwf2.lwf.prev_classes_by_task == {0: set(stream.experience_classes[0])}
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(lwf2.lwf.prev_model.state_dict()[key], value)
+    torch.testing.assert_close(ewc2.importances[0]["w"].data, torch.full((3,), 0.5))
+    torch.testing.assert_close(ewc2.saved_params[0]["w"].data, torch.ones(3))
+    with pytest.raises(TypeError, match="cannot checkpoint"):
+        plugin_state(object())
+
+
+def test_checkpoint_is_atomic_and_rng_roundtrips(tmp_path):
+    path = tmp_path / "ckpt" / "run.pt"
+    random.seed(1), np.random.seed(1), torch.manual_seed(1)
+    save_checkpoint(path, {"rng": rng_state(), "x": torch.arange(3)})
+    expected = (random.random(), float(np.random.rand()), float(torch.rand(())))
+    set_rng_state(load_checkpoint(path)["rng"])
+    assert (random.random(), float(np.random.rand()), float(torch.rand(()))) == expected
+    assert [p.name for p in path.parent.iterdir()] == ["run.pt"]  # no temp file left behind
+
+
+def test_config_resolution_and_errors():
+    cfg = ExperimentConfig().resolved()
+    assert cfg.image_size == 32 and cfg.model_kwargs == {"depth": 4, "embed_dim": 64, "num_heads": 2}
+    assert ExperimentConfig(model="deit_tiny_patch16_224").resolved().model_kwargs == {}
+    assert ExperimentConfig.from_dict(cfg.to_dict()) == cfg
+    assert strategy_components("replay+streamkl") == {"replay", "streamkl"}
+    assert strategy_components("naive") == set()
+    for bad, match in [({"strategies": ["gem"]}, "unknown strategy 'gem'"),
+                       ({"strategies": ["lwf", "lwf"]}, "repeat"),
+                       ({"seeds": []}, "seeds"),
+                       ({"image_size": 30}, "not divisible"),
+                       ({"amp": "int8"}, "amp"),
+                       ({"dataset": "mnist"}, "unknown dataset")]:
+        with pytest.raises(ValueError, match=match):
+            ExperimentConfig(**bad).resolved()
+    with pytest.raises(ValueError, match="unknown keys"):
+        ExperimentConfig.from_dict({"epochs": 1, "color": "red"})
