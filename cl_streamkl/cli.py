@@ -147,7 +147,7 @@ def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from tqdm.auto import tqdm
 
-    from cl_streamkl.experiment.outputs import read_config, write_config, write_results
+    from cl_streamkl.experiment.outputs import environment, read_config, write_config, write_results
     from cl_streamkl.experiment.plots import write_plots
     from cl_streamkl.experiment.runner import run_experiment
     from cl_streamkl.experiment.summary import format_table, summarize
@@ -171,6 +171,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     print(f"cl-streamkl run: {config.dataset}, {config.model} ({config.image_size}px, patch {config.patch_size}), "
           f"strategies {', '.join(config.strategies)}, seeds {config.seeds}, eval on {config.eval_split} -> {out_dir}")
+    env = environment()  # the code and libraries the run starts with
     try:
         results = run_experiment(config, out_dir, resume=args.resume is not None,
                                  show_progress=not args.no_progress, log=tqdm.write)
@@ -178,7 +179,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"\ninterrupted; continue with: cl-streamkl run --resume {out_dir}", file=sys.stderr)
         return 130
     summary = summarize(results)
-    files = write_results(out_dir, config, results, summary)
+    files = write_results(out_dir, config, results, summary, env)
     title = f"{config.dataset}: {len(results[0].accuracy_matrix)} experiences, {config.eval_split} split"
     files += write_plots(summary, out_dir, title)
     seeds = f"{len(config.seeds)} seed{'s' if len(config.seeds) > 1 else ''}"

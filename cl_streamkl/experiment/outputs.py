@@ -68,16 +68,17 @@ def read_config(out_dir: Path) -> ExperimentConfig:
 
 
 def write_results(out_dir: Path, config: ExperimentConfig, results: Sequence[RunResult],
-                  summary: dict[str, Any]) -> list[Path]:
+                  summary: dict[str, Any], env: dict[str, Any] | None = None) -> list[Path]:
     """Write results.json (config, environment, every run, summary) and two CSV files.
 
     results.csv has one row per (strategy, seed); summary.csv one row per strategy
-    with ``<metric>_mean`` / ``<metric>_std`` columns.
+    with ``<metric>_mean`` / ``<metric>_std`` columns. ``env`` is :func:`environment`
+    captured when the run started (taken now when None).
     """
     out_dir = Path(out_dir)
     payload = {
         "config": config.to_dict(),
-        "environment": environment(),
+        "environment": environment() if env is None else env,
         "runs": [r.to_dict() for r in results],
         "summary": summary,
     }
