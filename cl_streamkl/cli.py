@@ -77,10 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
     data = run.add_argument_group("data")
     data.add_argument("--dataset", choices=list(DATASETS), default=d.dataset,
                       help="stream to build (default: %(default)s, bundled with scikit-learn)")
-    data.add_argument("--data-root", help="folder holding the dataset files (all but digits)")
+    data.add_argument("--data-root", metavar="DIR", help="folder holding the dataset files (all but digits)")
     data.add_argument("--download", action="store_true",
                       help="fetch CIFAR / Tiny-ImageNet into --data-root if missing (off by default)")
-    data.add_argument("--experiences", type=_positive_int, dest="n_experiences",
+    data.add_argument("--experiences", type=_positive_int, dest="n_experiences", metavar="N",
                       help="number of experiences (default: 5 for digits/cifar10/imagefolder, 10 otherwise)")
     data.add_argument("--val-fraction", type=float, default=d.val_fraction,
                       help="fraction of each class's training data held out for validation (default: %(default)s)")
@@ -99,12 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="input side length (default: 32 for digits/CIFAR, 64 otherwise)")
     model.add_argument("--patch-size", type=_positive_int, default=d.patch_size,
                        help="patch side length; (image/patch)^2 tokens (default: %(default)s)")
-    model.add_argument("--pretrained-file", help="local weights file to start from (nothing is downloaded)")
+    model.add_argument("--pretrained-file", metavar="PATH", help="local weights file to start from (nothing is downloaded)")
 
     train = run.add_argument_group("training")
     train.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(DEFAULT_STRATEGIES),
-                       metavar="NAME", help=f"from {', '.join(STRATEGIES)} (default: %(default)s)")
-    train.add_argument("--seeds", nargs="+", type=int, default=d.seeds,
+                       metavar="NAME",
+                       help=f"from {', '.join(STRATEGIES)} (default: {' '.join(DEFAULT_STRATEGIES)})")
+    train.add_argument("--seeds", nargs="+", type=int, default=d.seeds, metavar="SEED",
                        help="one run per seed (class order and init); table shows mean ± std")
     train.add_argument("--epochs", type=_positive_int, default=d.epochs, help="epochs per experience (default: %(default)s)")
     train.add_argument("--batch-size", type=_positive_int, default=d.batch_size, help="(default: %(default)s)")
@@ -127,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     control = run.add_argument_group("run control")
     control.add_argument("--device", choices=DEVICES, default=d.device, help="(default: %(default)s)")
     control.add_argument("--amp", choices=AMP_MODES, default=d.amp, help="mixed precision (default: %(default)s)")
-    control.add_argument("--out", help="output folder (default: runs/<timestamp>)")
+    control.add_argument("--out", metavar="DIR", help="output folder (default: runs/<timestamp>)")
     control.add_argument("--resume", metavar="DIR",
                          help="continue the run in DIR with its saved configuration (no other options)")
     control.add_argument("--no-progress", action="store_true", help="hide progress bars")
