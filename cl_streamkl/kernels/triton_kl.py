@@ -53,6 +53,21 @@ def _load_rows(base, index, stride, dims, limit, dim_limit):
 
 
 @triton.jit
+def _key_ranges(pid_m, n_k, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Key ranges a query tile visits: [0, full_end) needs no mask, [full_end, key_end) does.
+
+    Only the ragged tail (and, causal, the diagonal tiles) pay for the selects per score.
+    """
+    if CAUSAL:
+        full_end = (pid_m * BLOCK_M // BLOCK_N) * BLOCK_N
+        key_end = tl.minimum((pid_m + 1) * BLOCK_M, n_k)
+    else:
+        full_end = (n_k // BLOCK_N) * BLOCK_N
+        key_end = n_k
+    return full_end, key_end
+
+
+@triton.jit
 def _fwd_tile(
     q, qt, k, kt, rows, keys, n_k,
     scale_s_log2, scale_t_log2,
@@ -129,14 +144,7 @@ def _attention_kl_fwd_kernel(
     sum_t = tl.zeros([BLOCK_M], tl.float32)
     gap = tl.zeros([BLOCK_M], tl.float32)
 
-    # Tiles before full_end need no mask; only the ragged tail (and, causal, the
-    # diagonal tiles) pay for the three selects per score.
-    if CAUSAL:
-        full_end = (pid_m * BLOCK_M // BLOCK_N) * BLOCK_N
-        key_end = tl.minimum((pid_m + 1) * BLOCK_M, n_k)
-    else:
-        full_end = (n_k // BLOCK_N) * BLOCK_N
-        key_end = n_k
+    full_end, key_end = _key_ranges(pid_m, n_k, CAUSAL, BLOCK_M, BLOCK_N)
     for start_n in range(0, full_end, BLOCK_N):
         keys = start_n + cols
         k = _load_rows(k_base, keys, stride_kn, dims_s, n_k, d_s)
@@ -267,12 +275,7 @@ def _attention_kl_bwd_dq_kernel(
 
     dq = tl.zeros([BLOCK_M, BLOCK_DS], tl.float32)
     dqt = tl.zeros([BLOCK_M, BLOCK_DT], tl.float32)
-    if CAUSAL:
-        full_end = (pid_m * BLOCK_M // BLOCK_N) * BLOCK_N
-        key_end = tl.minimum((pid_m + 1) * BLOCK_M, n_k)
-    else:
-        full_end = (n_k // BLOCK_N) * BLOCK_N
-        key_end = n_k
+    full_end, key_end = _key_ranges(pid_m, n_k, CAUSAL, BLOCK_M, BLOCK_N)
     for start_n in range(0, full_end, BLOCK_N):
         keys = start_n + cols
         k = _load_rows(k_base, keys, stride_kn, dims_s, n_k, d_s)
@@ -741,7 +744,8 @@ def _gradients(ctx, grad_rows: torch.Tensor | None, backward_fn) -> tuple:
     if grad_rows is None:
         return (None,) * 7
     student_scale, teacher_scale, causal = ctx.options
-    # A frozen teacher costs no teacher-gradient work: the kernels skip it entirely.
+    # A frozen teacher costs no teacher-gradient work: the kernels skip it entirely
+    # and never read ROW_KL, so any float32 (B, H, Nq) tensor stands in for it.
     grads = backward_fn(
         grad_rows,
         q,
