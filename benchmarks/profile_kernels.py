@@ -5,10 +5,18 @@ For each shape, prints the do_bench median of a forward and of a forward+backwar
 summed device time of every kernel the call launched, from torch.profiler. A large
 gap between the two means the call is host-bound (launch and dispatch overhead).
 
+With --host-breakdown, also prints the host time per call of each layer of the call
+stack (allocation, one kernel launch, the launchers, the autograd wrapper, the public
+function, a full forward+backward, the autograd engine alone), measured as the wall time
+of calls queued without synchronising, so it excludes GPU time while the GPU keeps up;
+the launch layers are timed with and without compiled-kernel replay
+(``cl_streamkl.kernels.launch_cache``).
+
 With --host-profile, also prints the Python functions that take the host's time in
 one forward+backward (cProfile, sorted by own time).
 
-Usage: python benchmarks/profile_kernels.py [--shapes 32x12x197x64 8x12x1024x64] [--host-profile]
+Usage: python benchmarks/profile_kernels.py [--shapes 32x12x197x64 8x12x1024x64]
+       [--host-breakdown] [--host-profile]
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import time
 from collections import defaultdict
 
 import torch
@@ -23,6 +32,7 @@ from torch.profiler import ProfilerActivity, profile
 from triton.testing import do_bench
 
 from cl_streamkl import attention_kl
+from cl_streamkl.kernels import triton_kl
 
 
 def parse_shape(text: str) -> tuple[int, int, int, int]:
@@ -47,9 +57,99 @@ def kernel_times_us(fn, iterations: int = 20) -> dict[str, float]:
     return dict(totals)
 
 
+def host_us_per_call(fn, calls: int = 50) -> float:
+    """Host wall time of one call, from calls queued back to back before one sync.
+
+    Few enough calls that CUDA's launch queue never fills (a full queue would make
+    the host wait for the GPU and report device time instead).
+    """
+    fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+class _PythonIdentity(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+def host_breakdown(q, k, q_t, k_t) -> dict[str, float]:
+    """Host µs per call of each layer between the caller and the kernels (frozen teacher).
+
+    Also times the autograd engine alone on a 16-element tensor: a C++ backward, a
+    Python ``autograd.Function`` backward (which the engine's CUDA worker thread must
+    take the GIL to run), and the latter with the engine's worker threads disabled.
+    """
+    scale = q.size(-1) ** -0.5
+    launch_args = (q, k, q_t, k_t, scale, scale, False)
+    rows, lse_s, lse_t = triton_kl.launch_forward(*launch_args)
+    grad_rows = torch.ones_like(rows)
+    tiny = torch.randn(16, device=q.device, requires_grad=True)
+    launchers = (triton_kl._forward_kernel, triton_kl._backward_dq_kernel, triton_kl._backward_dk_kernel)
+
+    def launch_backward():
+        triton_kl.launch_backward(grad_rows, q, k, q_t, k_t, lse_s, lse_s, lse_t, scale, scale, False, False)
+
+    def forward_no_grad():
+        with torch.no_grad():
+            attention_kl(q, k, q_t, k_t, backend="triton")
+
+    def forward_grad():
+        torch.autograd.grad(attention_kl(q, k, q_t, k_t, backend="triton"), (q, k))
+
+    def single_threaded(fn):
+        def run():
+            with torch.autograd.set_multithreading_enabled(False):
+                fn()
+
+        return run
+
+    def sdpa_forward_grad():
+        torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(q, k, q_t).sum(), (q, k))
+
+    def tiny_cpp_backward():
+        torch.autograd.grad((tiny * 2).sum(), tiny)
+
+    def tiny_python_backward():
+        torch.autograd.grad(_PythonIdentity.apply(tiny).sum(), tiny)
+
+    layers = {
+        "launch_forward": lambda: triton_kl.launch_forward(*launch_args),
+        "launch_backward": launch_backward,
+        "attention_kl no_grad": forward_no_grad,
+        "attention_kl (graph)": lambda: attention_kl(q, k, q_t, k_t, backend="triton"),
+        "fwd + autograd.grad": forward_grad,
+        "fwd + autograd.grad, 1 thread": single_threaded(forward_grad),
+        "SDPA fwd + autograd.grad": sdpa_forward_grad,
+        "tiny C++ backward": tiny_cpp_backward,
+        "tiny Python backward": tiny_python_backward,
+        "tiny Python backward, 1 thread": single_threaded(tiny_python_backward),
+    }
+    result = {name: host_us_per_call(fn) for name, fn in layers.items()}
+    replaying = [launcher.replay for launcher in launchers]
+    for launcher in launchers:
+        launcher.replay = False
+    for name in ("launch_forward", "launch_backward", "fwd + autograd.grad"):
+        result[f"{name} (no replay)"] = host_us_per_call(layers[name])
+    for launcher, replay in zip(launchers, replaying):
+        launcher.replay = replay
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", type=parse_shape, default=[(32, 12, 197, 64), (8, 12, 1024, 64)])
+    parser.add_argument("--host-breakdown", action="store_true")
     parser.add_argument("--host-profile", action="store_true")
     args = parser.parse_args()
     for batch, heads, n, dim in args.shapes:
@@ -73,12 +173,17 @@ def main() -> None:
             )
             for name, us in sorted(kernels.items(), key=lambda item: -item[1]):
                 print(f"    {us:8.1f} us  {name}")
+        if args.host_breakdown:
+            print(f"host time per call, {batch}x{heads}x{n}x{dim} (no sync between calls):")
+            for name, us in host_breakdown(q, k, q_t, k_t).items():
+                print(f"    {us:8.1f} us  {name}")
         if args.host_profile:
             profiler = cProfile.Profile()
             profiler.runcall(lambda: [forward_backward() for _ in range(100)])
             torch.cuda.synchronize()
             print("host profile of 100 forward+backward calls:")
-            pstats.Stats(profiler).sort_stats("tottime").print_stats(14)
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+            pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
 
 
 if __name__ == "__main__":

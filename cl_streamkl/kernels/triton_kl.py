@@ -22,6 +22,7 @@ from torch.autograd.function import once_differentiable
 import triton
 import triton.language as tl
 
+from cl_streamkl.kernels.launch_cache import KernelLauncher
 from cl_streamkl.kernels.validation import AttentionKLProblem
 
 LOG2_E = 1.4426950408889634
@@ -426,15 +427,11 @@ def _attention_kl_bwd_dk_kernel(
         )
 
 
-# Host-side helpers are plain Python: triton.cdiv / triton.next_power_of_2 are
-# constexpr functions whose wrappers cost microseconds per call, and at ViT sizes
+# Host-side helpers are plain Python: triton.next_power_of_2 is a constexpr
+# function whose wrapper costs microseconds per call, and at ViT sizes
 # (197 tokens) the kernels themselves run for only tens of microseconds.
 def _next_power_of_2(value: int) -> int:
     return 1 << (value - 1).bit_length()
-
-
-def _cdiv(numerator: int, denominator: int) -> int:
-    return -(-numerator // denominator)
 
 
 def _block_dim(head_dim: int) -> int:
@@ -500,9 +497,13 @@ def _tuned(kernel, kind: str, teacher_grad_key: bool):
     )(kernel)
 
 
-_forward_kernel = _tuned(_attention_kl_fwd_kernel, "fwd", teacher_grad_key=False)
-_backward_dq_kernel = _tuned(_attention_kl_bwd_dq_kernel, "bwd", teacher_grad_key=True)
-_backward_dk_kernel = _tuned(_attention_kl_bwd_dk_kernel, "bwd", teacher_grad_key=True)
+_forward_kernel = KernelLauncher(_tuned(_attention_kl_fwd_kernel, "fwd", teacher_grad_key=False), replay=not INTERPRETING)
+_backward_dq_kernel = KernelLauncher(
+    _tuned(_attention_kl_bwd_dq_kernel, "bwd", teacher_grad_key=True), replay=not INTERPRETING
+)
+_backward_dk_kernel = KernelLauncher(
+    _tuned(_attention_kl_bwd_dk_kernel, "bwd", teacher_grad_key=True), replay=not INTERPRETING
+)
 
 
 def _launch_options(kind: str, d_s: int, d_t: int, dtype: torch.dtype) -> dict:
@@ -520,12 +521,6 @@ def _dot_precision(dtype: torch.dtype) -> str:
 
 def _strides3(tensor: torch.Tensor) -> tuple[int, int, int]:
     return tensor.stride(0), tensor.stride(1), tensor.stride(2)
-
-
-def _grid(length: int, batch_heads: int, block: str):
-    # Tiles and (batch, head) pairs are folded into one axis, tiles fastest, so
-    # B·H is not capped by the 65535 limit of grid axes 1 and 2.
-    return lambda meta: (_cdiv(length, meta[block]) * batch_heads,)
 
 
 def _device_guard(tensor: torch.Tensor):
@@ -572,22 +567,31 @@ def launch_forward(
     lse_student = torch.empty_like(rows)
     lse_teacher = torch.empty_like(rows)
     with _device_guard(q):
-        _forward_kernel[_grid(n_q, batch * heads, "BLOCK_M")](
-            q,
-            k,
-            q_teacher,
-            k_teacher,
-            rows,
-            lse_student,
-            lse_teacher,
-            *_problem_args(q, k, q_teacher, k_teacher, student_scale, teacher_scale),
-            _length_bucket(n_q),
-            _length_bucket(n_k),
-            CAUSAL=causal,
-            DOT_PRECISION=_dot_precision(q.dtype),
-            BLOCK_DS=_block_dim(d_s),
-            BLOCK_DT=_block_dim(d_t),
-            **_launch_options("fwd", d_s, d_t, q.dtype),
+        # Tiles and (batch, head) pairs share grid axis 0, tiles fastest, so B·H is
+        # not capped by the 65535 limit of grid axes 1 and 2.
+        _forward_kernel(
+            (
+                q,
+                k,
+                q_teacher,
+                k_teacher,
+                rows,
+                lse_student,
+                lse_teacher,
+                *_problem_args(q, k, q_teacher, k_teacher, student_scale, teacher_scale),
+                _length_bucket(n_q),
+                _length_bucket(n_k),
+            ),
+            dict(
+                CAUSAL=causal,
+                DOT_PRECISION=_dot_precision(q.dtype),
+                BLOCK_DS=_block_dim(d_s),
+                BLOCK_DT=_block_dim(d_t),
+            ),
+            _launch_options("fwd", d_s, d_t, q.dtype),
+            length=n_q,
+            batch_heads=batch * heads,
+            block="BLOCK_M",
         )
     return rows, lse_student, lse_teacher
 
@@ -647,20 +651,22 @@ def launch_backward(
         _length_bucket(n_q),
         _length_bucket(n_k),
     )
-    options = dict(
+    constants = dict(
         CAUSAL=causal,
         TEACHER_GRAD=teacher_grad,
         DOT_PRECISION=_dot_precision(q.dtype),
         BLOCK_DS=_block_dim(d_s),
         BLOCK_DT=_block_dim(d_t),
-        **_launch_options("bwd", d_s, d_t, q.dtype),
     )
+    options = _launch_options("bwd", d_s, d_t, q.dtype)
     with _device_guard(q):
-        _backward_dq_kernel[_grid(n_q, batch * heads, "BLOCK_M")](
-            *common, grad_q, grad_q_teacher, *sizes, **options
+        _backward_dq_kernel(
+            (*common, grad_q, grad_q_teacher, *sizes), constants, options,
+            length=n_q, batch_heads=batch * heads, block="BLOCK_M",
         )
-        _backward_dk_kernel[_grid(n_k, batch * heads, "BLOCK_N")](
-            *common, grad_k, grad_k_teacher, *sizes, **options
+        _backward_dk_kernel(
+            (*common, grad_k, grad_k_teacher, *sizes), constants, options,
+            length=n_k, batch_heads=batch * heads, block="BLOCK_N",
         )
     if teacher_grad:
         return [grad_q, grad_k, grad_q_teacher, grad_k_teacher]

@@ -1,0 +1,137 @@
+"""The compiled-kernel replay cache: keys, first launch through Triton, replays, fallback."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from cl_streamkl.kernels.launch_cache import KernelLauncher, signature_key
+
+
+def test_signature_key_tracks_integers_dtypes_and_alignment():
+    storage = torch.zeros(64, dtype=torch.bfloat16)
+    aligned, misaligned = storage[:32], storage[1:33]
+    base = signature_key((aligned, 197, 64, 0.125), ("fwd",))
+    assert base == signature_key((storage[8:40], 197, 64, 0.5), ("fwd",))  # floats never specialise
+    assert base != signature_key((misaligned, 197, 64, 0.125), ("fwd",))
+    assert base != signature_key((aligned.float(), 197, 64, 0.125), ("fwd",))
+    assert base != signature_key((aligned, 198, 64, 0.125), ("fwd",))
+    assert base != signature_key((aligned, 197, 64, 0.125), ("bwd",))
+
+
+def test_signature_key_rejects_unknown_argument_types():
+    with pytest.raises(TypeError, match="str"):
+        signature_key(("not a kernel argument",), ())
+
+
+class FakeCompiled:
+    """Stands in for triton's CompiledKernel: compiled[grid](*args) launches."""
+
+    def __init__(self, launches: list):
+        self.launches = launches
+
+    def __getitem__(self, grid):
+        return lambda *args: self.launches.append(("replay", grid, args))
+
+
+class FakeAutotunedKernel:
+    """Stands in for triton.autotune(triton.jit(f)): kernel[grid_fn](*args, **kwargs)."""
+
+    arg_names = ["X", "n", "scale", "CAUSAL", "BLOCK_M", "BLOCK_N"]
+
+    def __init__(self, compiled_factory=FakeCompiled):
+        self.launches: list = []
+        self.best_config = SimpleNamespace(kwargs={"BLOCK_M": 64, "BLOCK_N": 32})
+        self.compiled = compiled_factory(self.launches)
+
+    def __getitem__(self, grid_fn):
+        def launch(*args, **kwargs):
+            meta = {**kwargs, **self.best_config.kwargs}
+            self.launches.append(("jit", grid_fn(meta), args, kwargs))
+            return self.compiled
+
+        return launch
+
+
+def launch(launcher: KernelLauncher, n: int, block: str = "BLOCK_M") -> None:
+    x = torch.ones(4)
+    launcher((x, n, 0.5), {"CAUSAL": False}, {}, length=n, batch_heads=3, block=block)
+
+
+def test_first_launch_goes_through_triton_then_replays_with_the_tuned_tile():
+    kernel = FakeAutotunedKernel()
+    launcher = KernelLauncher(kernel, replay=True)
+    launch(launcher, 197)
+    launch(launcher, 197)
+    launch(launcher, 197, block="BLOCK_N")
+    jit_launch, replay_m, _ = kernel.launches
+    assert jit_launch[0] == "jit" and jit_launch[1] == (4 * 3,)  # cdiv(197, 64) tiles × 3
+    kind, grid, args = replay_m
+    assert kind == "replay" and grid == (4 * 3, 1, 1)
+    assert args[1:] == (197, 0.5, False, 64, 32)  # runtime args, then constants in signature order
+    # A different tiled axis is a different launch signature: it goes through Triton once more.
+    assert kernel.launches[2][0] == "jit" and kernel.launches[2][1] == (7 * 3,)
+
+
+def test_a_new_integer_value_is_a_new_entry():
+    kernel = FakeAutotunedKernel()
+    launcher = KernelLauncher(kernel, replay=True)
+    for n in (197, 577, 197, 577):
+        launch(launcher, n)
+    assert [entry[0] for entry in kernel.launches] == ["jit", "jit", "replay", "replay"]
+    assert kernel.launches[3][1] == (10 * 3, 1, 1)  # cdiv(577, 64) tiles × 3
+
+
+def test_replay_off_always_launches_through_triton():
+    kernel = FakeAutotunedKernel()
+    launcher = KernelLauncher(kernel, replay=False)
+    for _ in range(3):
+        launch(launcher, 17)
+    assert [entry[0] for entry in kernel.launches] == ["jit"] * 3
+
+
+def test_unfamiliar_compiled_kernel_falls_back_to_triton_with_a_warning():
+    kernel = FakeAutotunedKernel(compiled_factory=lambda launches: object())
+    launcher = KernelLauncher(kernel, replay=True)
+    with pytest.warns(RuntimeWarning, match="cannot replay"):
+        launch(launcher, 17)
+    launch(launcher, 17)
+    assert [entry[0] for entry in kernel.launches] == ["jit", "jit"]
+    assert not launcher.replay
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="replays compiled kernels on CUDA only")
+@pytest.mark.parametrize(
+    "shape, dtype, causal, teacher_grad",
+    [
+        ((3, 4, 197, 64), torch.bfloat16, False, False),
+        ((2, 3, 17, 80), torch.float32, True, False),
+        ((2, 2, 577, 32), torch.float16, False, True),
+    ],
+)
+def test_replayed_kernels_match_launches_through_triton(monkeypatch, shape, dtype, causal, teacher_grad):
+    from cl_streamkl import attention_kl
+    from cl_streamkl.kernels import triton_kl
+
+    torch.manual_seed(0)
+    student = [torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2)]
+    teacher = [torch.randn(shape, device="cuda", dtype=dtype, requires_grad=teacher_grad) for _ in range(2)]
+    inputs = student + teacher
+    upstream = torch.randn(shape[:3], device="cuda")
+
+    def run():
+        out = attention_kl(*inputs, causal=causal, reduction="none", backend="triton")
+        wanted = [tensor for tensor in inputs if tensor.requires_grad]
+        return [out, *torch.autograd.grad((out * upstream).sum(), wanted)]
+
+    first, replayed = run(), run()  # the second call replays the compiled kernels
+    for launcher in (triton_kl._forward_kernel, triton_kl._backward_dq_kernel, triton_kl._backward_dk_kernel):
+        assert launcher._compiled, "the GPU path should have cached a compiled kernel"
+        monkeypatch.setattr(launcher, "replay", False)
+    through_triton = run()
+    assert len(first) == (5 if teacher_grad else 3)
+    for a, b, c in zip(first, replayed, through_triton):
+        assert torch.isfinite(a).all()
+        assert torch.equal(a, b) and torch.equal(a, c)
