@@ -36,6 +36,12 @@ FLOP counts behind the TFLOP/s-equivalent column (halved for causal):
 * SDPA: fwd = 2 products (QKᵀ, PV) = 4·B·H·N²·D; bwd = 5 products = 10·B·H·N²·D;
   fwd+bwd = 14·B·H·N²·D (FlashAttention's convention).
 
+GPU time (``--gpu-time``, CUDA only): the summed device time of every kernel one call
+launches, from ``torch.profiler`` (column ``GPU ms``), and the speedup over torch.compile
+in that measure (``GPU vs comp``). Where the GPU work is shorter than the host's
+launch and autograd-engine overhead (ViT sizes), ``ms`` is what a caller waits and
+``GPU ms`` what the GPU actually spends.
+
 Peak extra memory (CUDA only): ``torch.cuda.max_memory_allocated`` during the row's work
 minus ``memory_allocated`` just before it, minus what the work legitimately leaves behind:
 the forward's output (fwd, fwd+bwd) and the input gradients (bwd, fwd+bwd). Inputs exist
@@ -83,6 +89,7 @@ import torch.nn.functional as F
 import triton
 import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.profiler import ProfilerActivity, profile
 
 from cl_streamkl import attention_kl, attention_kl_reference
 
@@ -168,6 +175,8 @@ class Row:
     ratio_to_sdpa: float | None = None
     speedup_vs_eager: float | None = None
     speedup_vs_compiled: float | None = None
+    gpu_ms: float | None = None
+    gpu_speedup_vs_compiled: float | None = None
 
     @property
     def oom(self) -> bool:
@@ -417,6 +426,22 @@ def time_ms(
     return statistics.median(times) * 1e3
 
 
+def gpu_kernel_times_us(fn: Callable[[], object], iterations: int = 10) -> dict[str, float]:
+    """Mean device time per call of each kernel ``fn`` launches (torch.profiler, CUDA)."""
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iterations):
+            fn()
+        torch.cuda.synchronize()
+    totals: dict[str, float] = {}
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            name = event.name[:60]
+            totals[name] = totals.get(name, 0.0) + event.device_time / iterations
+    return totals
+
+
 def _peak_extra_bytes(workload: Workload, mode: str, device: torch.device) -> int | None:
     """Peak memory of one call of ``mode`` beyond its inputs, outputs and gradients (CUDA only)."""
     if device.type != "cuda":
@@ -449,8 +474,11 @@ def measure_row(
     device: torch.device,
     warmup_ms: float = 25.0,
     rep_ms: float = 100.0,
+    gpu_time: bool = False,
 ) -> Row:
     """Time one (implementation, mode) on a problem and measure its peak extra memory.
+
+    With ``gpu_time`` (CUDA), also the summed device time of the kernels of one call.
 
     Raises:
         torch.OutOfMemoryError: the device ran out of memory (the caller records OOM).
@@ -477,6 +505,10 @@ def measure_row(
     _sync(device)
     first_call_s = time.perf_counter() - start
     ms = time_ms(step, workload.leaves, device, warmup_ms, rep_ms)
+    gpu_ms = None
+    if gpu_time and device.type == "cuda":
+        gpu_ms = sum(gpu_kernel_times_us(step).values()) / 1e3
+        workload.clear_grads()
     if mode == "bwd":
         del output, step
     workload.clear_grads()
@@ -494,6 +526,7 @@ def measure_row(
         extra_bytes_per_row=None if extra is None else extra / rows,
         first_call_s=first_call_s,
         backend=workload.backend,
+        gpu_ms=gpu_ms,
     )
 
 
@@ -524,6 +557,11 @@ def add_ratios(rows: list[Row]) -> None:
         row.ratio_to_sdpa = row.ms / sdpa if sdpa else None
         row.speedup_vs_eager = eager / row.ms if eager else None
         row.speedup_vs_compiled = compiled / row.ms if compiled else None
+    gpu_times = {(row.impl, row.mode): row.gpu_ms for row in rows}
+    for row in rows:
+        compiled_gpu = gpu_times.get(("compiled", row.mode))
+        if row.gpu_ms and compiled_gpu:
+            row.gpu_speedup_vs_compiled = compiled_gpu / row.gpu_ms
 
 
 def _relative_rms(value: torch.Tensor, reference: torch.Tensor) -> float:
@@ -584,6 +622,7 @@ def benchmark_problem(
     device: torch.device,
     warmup_ms: float = 25.0,
     rep_ms: float = 100.0,
+    gpu_time: bool = False,
 ) -> list[Row]:
     """Measure every (implementation, mode) on one problem; OOM becomes an ``OOM`` row."""
     inputs = make_inputs(problem, device)
@@ -592,7 +631,7 @@ def benchmark_problem(
         workload = make_workload(impl, problem, inputs)
         for mode in modes:
             try:
-                row = measure_row(workload, impl, problem, mode, device, warmup_ms, rep_ms)
+                row = measure_row(workload, impl, problem, mode, device, warmup_ms, rep_ms, gpu_time)
             except torch.OutOfMemoryError:
                 row = oom_row(impl, problem, mode, workload.backend)
             rows.append(row)
@@ -618,6 +657,8 @@ COLUMNS = (
     ("vs eager", 8),
     ("vs compiled", 11),
     ("first s", 8),
+    ("GPU ms", 8),
+    ("GPU vs comp", 11),
 )
 
 
@@ -634,7 +675,7 @@ def format_row(row: Row) -> str:
     """One aligned table line; ratios are time/SDPA time, speedups baseline time/time."""
     impl = f"{row.impl}/{row.backend}" if row.backend else row.impl
     if row.oom:
-        measured = ["OOM"] + ["-"] * 7
+        measured = ["OOM"] + ["-"] * 9
     else:
         measured = [
             _cell(row.ms, ".3f"),
@@ -645,6 +686,8 @@ def format_row(row: Row) -> str:
             _cell(row.speedup_vs_eager, ".2f"),
             _cell(row.speedup_vs_compiled, ".2f"),
             _cell(row.first_call_s, ".1f"),
+            _cell(row.gpu_ms, ".3f"),
+            _cell(row.gpu_speedup_vs_compiled, ".2f"),
         ]
     cells = [impl, row.mode, row.shape, row.dtype, "yes" if row.causal else "no", *measured]
     return "  ".join(cell.rjust(width) for cell, (_, width) in zip(cells, COLUMNS))
@@ -747,6 +790,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu for a smoke run")
     parser.add_argument("--warmup-ms", type=float, default=25.0, help="do_bench warmup (default 25)")
     parser.add_argument("--rep-ms", type=float, default=100.0, help="do_bench repetition time (default 100)")
+    parser.add_argument(
+        "--gpu-time", action="store_true",
+        help="also measure each row's summed kernel time with torch.profiler (CUDA)",
+    )
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write results here")
     parser.add_argument(
         "--commit", default=None, help="commit to print when the tree has no .git (default: git rev-parse)"
@@ -805,7 +852,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if problem_checks:
             print(format_checks(problem_checks), flush=True)
         free_memory(device)
-        problem_rows = benchmark_problem(problem, args.impls, args.modes, device, args.warmup_ms, args.rep_ms)
+        problem_rows = benchmark_problem(
+            problem, args.impls, args.modes, device, args.warmup_ms, args.rep_ms, args.gpu_time
+        )
         for row in problem_rows:
             print(format_row(row), flush=True)
         checks += problem_checks

@@ -25,11 +25,11 @@ import argparse
 import cProfile
 import pstats
 import time
-from collections import defaultdict
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 from triton.testing import do_bench
+
+from bench_attention_kl import gpu_kernel_times_us
 
 from cl_streamkl import attention_kl
 from cl_streamkl.kernels import triton_kl
@@ -40,21 +40,6 @@ def parse_shape(text: str) -> tuple[int, int, int, int]:
     if len(parts) != 4:
         raise argparse.ArgumentTypeError(f"shape must be BxHxNxD, got {text!r}")
     return parts
-
-
-def kernel_times_us(fn, iterations: int = 20) -> dict[str, float]:
-    """Mean device time per call of each kernel launched by fn."""
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iterations):
-            fn()
-        torch.cuda.synchronize()
-    totals: dict[str, float] = defaultdict(float)
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            totals[event.name[:60]] += event.device_time / iterations
-    return dict(totals)
 
 
 def host_us_per_call(fn, calls: int = 50) -> float:
@@ -165,7 +150,7 @@ def main() -> None:
 
         for mode, fn in (("fwd", forward), ("fwd+bwd", forward_backward)):
             waited_ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
-            kernels = kernel_times_us(fn)
+            kernels = gpu_kernel_times_us(fn, iterations=20)
             device_us = sum(kernels.values())
             print(
                 f"{batch}x{heads}x{n}x{dim} {mode:8s} waited {waited_ms * 1e3:8.1f} us, "

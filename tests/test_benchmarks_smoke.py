@@ -49,10 +49,10 @@ def test_flop_counts_follow_the_docstring():
 def test_benchmark_problem_fills_ratios_and_reports_oom(monkeypatch):
     real_measure = bench.measure_row
 
-    def measure_or_oom(workload, impl, problem, mode, device, warmup_ms, rep_ms):
+    def measure_or_oom(workload, impl, problem, mode, device, warmup_ms, rep_ms, gpu_time):
         if impl == "eager" and mode == "fwd+bwd":
             raise torch.OutOfMemoryError("simulated")
-        return real_measure(workload, impl, problem, mode, device, warmup_ms, rep_ms)
+        return real_measure(workload, impl, problem, mode, device, warmup_ms, rep_ms, gpu_time)
 
     monkeypatch.setattr(bench, "measure_row", measure_or_oom)
     rows = bench.benchmark_problem(TINY, ["torch", "eager", "sdpa"], bench.MODES, CPU)
@@ -130,3 +130,20 @@ def test_main_writes_table_and_json(tmp_path, capsys):
     assert len(payload["checks"]) == 2 * 2
     assert {row["shape"] for row in payload["rows"]} == {"1x2x32x16", "1x1x24x16"}
     assert payload["environment"]["commit"] == "abc123"
+
+
+def test_gpu_speedup_over_compiled_uses_gpu_times_of_the_same_mode():
+    def row(impl, mode, ms, gpu_ms):
+        return bench.Row(impl, mode, "1x1x8x8", "bf16", False, ms, None, None, None, None, gpu_ms=gpu_ms)
+
+    rows = [
+        row("triton", "fwd+bwd", 0.7, 0.1),
+        row("compiled", "fwd+bwd", 1.4, 0.8),
+        row("triton", "fwd", 0.1, 0.05),
+        row("eager", "fwd", 0.4, None),
+    ]
+    bench.add_ratios(rows)
+    assert rows[0].speedup_vs_compiled == pytest.approx(2.0)
+    assert rows[0].gpu_speedup_vs_compiled == pytest.approx(8.0)
+    assert rows[2].gpu_speedup_vs_compiled is None  # no compiled row in this mode
+    assert "8.00" in bench.format_row(rows[0])
