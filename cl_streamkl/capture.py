@@ -415,6 +415,10 @@ def resolve_layer_indices(layers: LayerSpec, num_blocks: int) -> list[int]:
     return sorted(resolved)
 
 
+class _CaptureComplete(Exception):
+    """Raised by a ``stop_early`` capture to end the forward; its ``with`` block swallows it."""
+
+
 class QKCapture:
     """Context manager recording the Q/K each selected block's attention multiplies.
 
@@ -427,6 +431,10 @@ class QKCapture:
             (timm ViT/DeiT/DeiT-3/EVA/EVA-02 out of the box).
         layers: ``"all"``, an int n (the last n blocks) or a list of block indices
             (negative allowed).
+        stop_early: end the model's forward as soon as every selected block's attention
+            has run, skipping the rest (later blocks, the MLP of the last one, the head),
+            and leave the ``with`` block at once: for a teacher whose output is not
+            needed. Statements after the forward inside the ``with`` do not run.
 
     Attributes:
         block_indices: resolved absolute block indices, ascending.
@@ -437,8 +445,9 @@ class QKCapture:
         ValueError: the layer selection does not fit the model.
     """
 
-    def __init__(self, model: nn.Module, layers: LayerSpec = "all") -> None:
+    def __init__(self, model: nn.Module, layers: LayerSpec = "all", *, stop_early: bool = False) -> None:
         modules = find_attention_modules(model)
+        self.stop_early = stop_early
         self.model = model
         self.block_indices: list[int] = resolve_layer_indices(layers, len(modules))
         self.attention_modules: list[nn.Module] = [modules[i] for i in self.block_indices]
@@ -466,13 +475,23 @@ class QKCapture:
                 if extractor is None:
                     raise TypeError(f"no Q/K extractor is registered for {_type_name(module)} any more")
                 self._handles.extend(extractor(module, self._recorder(slot)))
+            if self.stop_early:
+                # Registered after the extractors' hooks, so it runs once they have recorded.
+                self._handles.extend(
+                    module.register_forward_hook(self._stop_if_complete) for module in self.attention_modules
+                )
         except BaseException:
             self.remove_hooks()
             raise
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> bool:
         self.remove_hooks()
+        return exc_type is _CaptureComplete
+
+    def _stop_if_complete(self, _module: nn.Module, _args: tuple, _output: object) -> None:
+        if all(record is not None for record in self._records):
+            raise _CaptureComplete
 
     def remove_hooks(self) -> None:
         """Remove every hook this capture installed (idempotent); recorded tensors are kept."""

@@ -180,6 +180,43 @@ def test_hooks_removed_on_exit_and_when_forward_raises() -> None:
     assert len(cap.qk) == DEPTH
 
 
+@pytest.mark.parametrize("layers", ["all", [0], [0, 1]])
+@pytest.mark.parametrize("arch", ["vit", "eva"])
+def test_stop_early_skips_the_rest_of_the_forward_and_keeps_the_same_qk(arch: str, layers) -> None:
+    model = MODELS[arch]().eval()
+    x = torch.randn(2, 3, 32, 32)
+    with QKCapture(model, layers) as full:
+        model(x)
+    calls = {"head": 0, "blocks": [0] * DEPTH}
+    counters = [model.head.register_forward_hook(lambda *_: calls.__setitem__("head", calls["head"] + 1))]
+    for index, block in enumerate(model.blocks):
+        counters.append(block.register_forward_hook(lambda *_, i=index: calls["blocks"].__setitem__(i, 1)))
+    before = count_hooks(model)
+    after_forward = []
+    with torch.no_grad(), QKCapture(model, layers, stop_early=True) as early:
+        model(x)
+        after_forward.append("ran")
+    last = early.block_indices[-1]
+    assert calls["head"] == 0 and after_forward == []
+    assert calls["blocks"] == [1] * last + [0] * (DEPTH - last)  # the last selected block's MLP never ran
+    assert count_hooks(model) == before and torch._C._len_torch_function_stack() == 0
+    for (q, k), (q_full, k_full) in zip(early.qk, full.qk):
+        torch.testing.assert_close(q, q_full, rtol=0, atol=0)
+        torch.testing.assert_close(k, k_full, rtol=0, atol=0)
+    for handle in counters:
+        handle.remove()
+
+
+def test_stop_early_lets_other_errors_through() -> None:
+    model = tiny_vit().eval()
+    bomb = model.blocks[0].attn.qkv.register_forward_hook(lambda *_: (_ for _ in ()).throw(ValueError("boom")))
+    with pytest.raises(ValueError, match="boom"):
+        with QKCapture(model, stop_early=True):
+            model(torch.randn(1, 3, 32, 32))
+    bomb.remove()
+    assert torch._C._len_torch_function_stack() == 0
+
+
 def test_model_stays_copyable_and_picklable() -> None:
     model = tiny_eva()
     with QKCapture(model) as cap:

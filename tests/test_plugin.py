@@ -130,6 +130,20 @@ def test_penalty_and_gradients_match_float64_reference(arch: str) -> None:
     assert all(p.grad is None for p in teacher.parameters())
 
 
+def test_teacher_forward_stops_after_the_last_distilled_block() -> None:
+    model = tiny_model(depth=3)
+    distiller = AttentionDistiller(layers=[0], backend="torch")
+    teacher = distiller.update_teacher(model)
+    ran = []
+    teacher.blocks[1].register_forward_pre_hook(lambda *_: ran.append("block 1"))
+    teacher.head.register_forward_pre_hook(lambda *_: ran.append("head"))
+    x = torch.randn(2, *IMAGE)
+    with distiller.student_capture(model) as cap:
+        model(x)
+    assert distiller.penalty(x, cap.qk).item() == 0.0  # teacher = student
+    assert ran == []
+
+
 def test_teacher_is_frozen_hook_free_copy_and_old_one_is_released() -> None:
     model = tiny_model()
     user_hook = model.blocks[0].register_forward_hook(lambda *_: None)

@@ -198,11 +198,15 @@ class AttentionDistiller:
     def teacher_qk(self, x: Any) -> QKCapture:
         """Run the teacher on ``x`` under ``torch.no_grad()`` and return its capture.
 
+        The forward stops once every selected block's attention has run (the teacher's
+        output is never needed), so distilling early blocks costs only that far.
+
         Raises:
             RuntimeError: there is no teacher.
         """
         teacher = self._require_teacher()
-        capture = QKCapture(teacher, self.layers)
+        # Only the teacher's Q/K are needed: its forward ends after the last selected block's attention.
+        capture = QKCapture(teacher, self.layers, stop_early=True)
         with torch.no_grad(), capture:
             teacher(x)
         return capture
