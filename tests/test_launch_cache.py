@@ -1,4 +1,5 @@
-"""The compiled-kernel replay cache: keys, first launch through Triton, replays, fallback."""
+"""Launching the kernels: the compiled-kernel replay cache (keys, first launch, replays,
+fallback) and the autotuning candidates kept per input kind."""
 
 from __future__ import annotations
 
@@ -135,3 +136,26 @@ def test_replayed_kernels_match_launches_through_triton(monkeypatch, shape, dtyp
     for a, b, c in zip(first, replayed, through_triton):
         assert torch.isfinite(a).all()
         assert torch.equal(a, b) and torch.equal(a, c)
+
+
+@pytest.mark.parametrize("kind", ["fwd", "bwd"])
+@pytest.mark.parametrize(
+    "dtype, head_dim, small_only, two_stages",
+    [
+        (torch.bfloat16, 64, False, False),
+        (torch.bfloat16, 256, True, False),
+        (torch.float32, 64, True, True),
+    ],
+)
+def test_autotune_pruning_keeps_small_tiles_for_wide_heads_and_fp32(kind, dtype, head_dim, small_only, two_stages):
+    from cl_streamkl.kernels import triton_kl
+
+    configs = triton_kl._autotune_configs(kind)
+    named_args = {"Q": torch.empty(1, 1, 1, head_dim, dtype=dtype), "d_s": head_dim, "d_t": 32}
+    kept = triton_kl._prune_configs(configs, named_args)
+    assert kept and all(config in configs for config in kept)
+    tiles = [config.kwargs["BLOCK_M"] * config.kwargs["BLOCK_N"] for config in kept]
+    assert (max(tiles) <= 64 * 64) == small_only
+    assert all(config.num_stages <= 2 for config in kept) == two_stages
+    if not small_only:
+        assert kept == configs
