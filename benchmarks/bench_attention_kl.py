@@ -3,6 +3,8 @@
 Implementations, all timed on the same inputs in one process:
 
 * ``triton``   — ``attention_kl(..., backend="triton")``, the fused kernels.
+* ``triton-fused`` — the same forward; the backward as one fused kernel with atomic dq
+  (``CL_STREAMKL_BACKWARD=fused`` during the backward) instead of the default two kernels.
 * ``torch``    — ``attention_kl(..., backend="torch")``, the PyTorch streaming backend.
 * ``eager``    — the usual distillation code: both score matrices materialised, fp32
   ``log_softmax`` of each, ``F.kl_div(log_p_student, log_p_teacher, log_target=True)``
@@ -72,9 +74,11 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import math
+import os
 import platform
 import statistics
 import subprocess
@@ -95,7 +99,7 @@ from cl_streamkl import attention_kl, attention_kl_reference
 
 Shape = tuple[int, int, int, int]
 
-IMPLEMENTATIONS = ("triton", "torch", "eager", "compiled", "sdpa")
+IMPLEMENTATIONS = ("triton", "triton-fused", "torch", "eager", "compiled", "sdpa")
 MODES = ("fwd", "bwd", "fwd+bwd")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -349,6 +353,25 @@ def _backward_scalar(output: torch.Tensor, retain_graph: bool) -> None:
     output.backward(retain_graph=retain_graph)
 
 
+@contextlib.contextmanager
+def fused_backward():
+    """Inside the block, StreamKL backwards run as the single fused kernel."""
+    previous = os.environ.get("CL_STREAMKL_BACKWARD")
+    os.environ["CL_STREAMKL_BACKWARD"] = "fused"
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["CL_STREAMKL_BACKWARD"]
+        else:
+            os.environ["CL_STREAMKL_BACKWARD"] = previous
+
+
+def _fused_backward_scalar(output: torch.Tensor, retain_graph: bool) -> None:
+    with fused_backward():
+        output.backward(retain_graph=retain_graph)
+
+
 def make_workload(impl: str, problem: Problem, inputs: dict[str, torch.Tensor]) -> Workload:
     """Bind one implementation to the problem's inputs.
 
@@ -358,11 +381,12 @@ def make_workload(impl: str, problem: Problem, inputs: dict[str, torch.Tensor]) 
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     q_teacher, k_teacher = inputs["q_teacher"], inputs["k_teacher"]
     causal = problem.causal
-    if impl in ("triton", "torch"):
+    if impl in ("triton", "triton-fused", "torch"):
+        backend = "torch" if impl == "torch" else "triton"
         return Workload(
             leaves=[q, k],
-            forward=lambda: attention_kl(q, k, q_teacher, k_teacher, causal=causal, backend=impl),
-            backward=_backward_scalar,
+            forward=lambda: attention_kl(q, k, q_teacher, k_teacher, causal=causal, backend=backend),
+            backward=_fused_backward_scalar if impl == "triton-fused" else _backward_scalar,
         )
     if impl == "eager":
         return Workload(
@@ -590,15 +614,17 @@ def check_problem(problem: Problem, impls: Sequence[str], device: torch.device) 
     reference_dq, reference_dk = torch.autograd.grad((reference_rows * weight).sum(), (q, k))
     results = []
     for impl in impls:
-        if impl in ("triton", "torch"):
+        if impl in ("triton", "triton-fused", "torch"):
             rows = attention_kl(
-                q, k, q_teacher, k_teacher, causal=problem.causal, reduction="none", backend=impl
+                q, k, q_teacher, k_teacher, causal=problem.causal, reduction="none",
+                backend="torch" if impl == "torch" else "triton",
             )
         elif impl == "eager":
             rows = eager_attention_kl_rows(q, k, q_teacher, k_teacher, problem.causal)
         else:
             continue
-        dq, dk = torch.autograd.grad((rows * weight).sum(), (q, k))
+        with fused_backward() if impl == "triton-fused" else contextlib.nullcontext():
+            dq, dk = torch.autograd.grad((rows * weight).sum(), (q, k))
         results.append(
             CheckResult(
                 impl=impl,
@@ -802,7 +828,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.device = torch.device(args.device)
     if args.device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda but CUDA is not available; use --device cpu for a smoke run")
-    if args.device.type == "cpu" and "triton" in args.impls:
+    if args.device.type == "cpu" and {"triton", "triton-fused"} & set(args.impls):
         from cl_streamkl.kernels.triton_kl import INTERPRETING
 
         if not INTERPRETING:
