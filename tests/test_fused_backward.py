@@ -13,17 +13,16 @@ import torch
 from cl_streamkl import attention_kl, attention_kl_reference
 from cl_streamkl.kernels import triton_kl
 
-from test_attention_kl import DTYPE_IDS, DTYPES, error_bound, low_precision_rows, make_inputs, rel_err
-
-# (B, H, Nq, Nk, Ds, Dt, causal)
-FUSED_SHAPES = [
-    (1, 1, 1, 1, 32, 32, False),
-    (2, 3, 17, 17, 64, 64, False),
-    (1, 2, 17, 40, 32, 80, False),
-    (1, 1, 65, 65, 80, 80, False),
-    (2, 2, 33, 33, 64, 32, True),
-]
-
+from test_attention_kl import (
+    DTYPE_IDS,
+    DTYPES,
+    SHAPES,
+    error_bound,
+    low_precision_rows,
+    make_inputs,
+    rel_err,
+    shape_id,
+)
 
 @pytest.fixture
 def fused(monkeypatch):
@@ -49,7 +48,7 @@ def grads_of(q, k, q_t, k_t, causal, upstream):
     return torch.autograd.grad((out * upstream).sum(), wanted)
 
 
-@pytest.mark.parametrize("shape", FUSED_SHAPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
 def test_fused_gradients_match_reference_and_split(fused, dq_kernel_calls, dtype, shape, device):
     torch.manual_seed(1)
