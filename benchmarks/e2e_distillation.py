@@ -11,6 +11,13 @@ labels at image sizes 224, 512 and 1024 (197, 1025 and 4097 tokens). Every step 
 * ``triton`` — (c) the same penalty from ``AttentionDistiller(backend="triton")``.
 * ``torch``  — (d) the same penalty from ``AttentionDistiller(backend="torch")``.
 
+Two more methods on request (``--methods``), to take (c) apart:
+
+* ``teacher`` — (t) what (c) does except the penalty: the student's Q/K capture and the
+  teacher's forward, but a zero penalty. (c) − (t) is the cost of the twelve penalties.
+* ``triton-fused`` — (c') as (c), with the backward as one fused kernel
+  (``CL_STREAMKL_BACKWARD=fused`` during the step).
+
 The penalty is ``alpha`` times the mean over blocks of the row-averaged
 KL(P_teacher ‖ P_student); the teacher is a frozen snapshot of the student taken before
 the first step.
@@ -43,6 +50,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
@@ -57,17 +65,20 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench_attention_kl import describe_environment, eager_attention_kl, free_memory
+from bench_attention_kl import describe_environment, eager_attention_kl, free_memory, fused_backward
 from cl_streamkl import attention_kl_reference
 from cl_streamkl.capture import QKCapture
 from cl_streamkl.strategies.distiller import AttentionDistiller, frozen_copy
 
 METHODS = ("none", "eager", "triton", "torch")
+EXTRA_METHODS = ("teacher", "triton-fused")
 METHOD_LABELS = {
     "none": "(a) no distillation",
     "eager": "(b) eager, materialised",
     "triton": "(c) StreamKL triton",
     "torch": "(d) StreamKL torch",
+    "teacher": "(t) teacher fwd, no KL",
+    "triton-fused": "(c') triton, fused bwd",
 }
 PENALTY_METHODS = ("eager", "triton", "torch")
 
@@ -156,15 +167,33 @@ class EagerAttentionDistiller(AttentionDistiller):
         return self.alpha * torch.stack(per_block).mean()
 
 
+class TeacherOnlyDistiller(AttentionDistiller):
+    """(t): runs the teacher's captured forward like (c) but returns a zero penalty."""
+
+    def penalty(
+        self,
+        x: torch.Tensor,
+        student_qk: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        *,
+        student_scales: Sequence[float] | None = None,
+    ) -> torch.Tensor:
+        """Zero (on ``x``'s device), after the teacher's forward on ``x``."""
+        self.teacher_qk(x)
+        return torch.zeros((), device=x.device)
+
+
 def build_distiller(method: str, alpha: float) -> AttentionDistiller | None:
     """The penalty object of ``method`` (None for ``none``), teacher not yet taken."""
     if method == "none":
         return None
     if method == "eager":
         return EagerAttentionDistiller(alpha=alpha, layers="all")
-    if method in ("triton", "torch"):
-        return AttentionDistiller(alpha=alpha, layers="all", temperature=1.0, backend=method)
-    raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if method == "teacher":
+        return TeacherOnlyDistiller(alpha=alpha, layers="all")
+    if method in ("triton", "torch", "triton-fused"):
+        backend = "torch" if method == "torch" else "triton"
+        return AttentionDistiller(alpha=alpha, layers="all", temperature=1.0, backend=backend)
+    raise ValueError(f"method must be one of {METHODS + EXTRA_METHODS}, got {method!r}")
 
 
 @dataclass
@@ -176,9 +205,14 @@ class Trainer:
     distiller: AttentionDistiller | None
     num_classes: int
     device: torch.device
+    fused_backward: bool = False
 
     def step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """One training step on images (B, 3, S, S) and labels (B,); returns the detached loss."""
+        with fused_backward() if self.fused_backward else contextlib.nullcontext():
+            return self._step(images, labels)
+
+    def _step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
         with torch.autocast(self.device.type, dtype=torch.bfloat16):
             if self.distiller is None:
@@ -209,7 +243,7 @@ def build_trainer(
     distiller = build_distiller(method, alpha)
     if distiller is not None:
         distiller.update_teacher(model)
-    return Trainer(model, optimizer, distiller, model.num_classes, device)
+    return Trainer(model, optimizer, distiller, model.num_classes, device, fused_backward=method == "triton-fused")
 
 
 def random_batch(
@@ -460,7 +494,7 @@ def plot_results(results: Sequence[Result], path: Path) -> None:
     from matplotlib.ticker import NullLocator
 
     figure, (memory_axis, batch_axis) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for method in METHODS:
+    for method in METHODS + EXTRA_METHODS:
         rows = sorted((r for r in results if r.method == method), key=lambda r: r.tokens)
         memory = [(r.tokens, r.peak_gib) for r in rows if r.peak_gib is not None]
         batches = [(r.tokens, r.max_batch) for r in rows if r.max_batch]
@@ -502,7 +536,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
+    parser.add_argument(
+        "--methods", nargs="+", choices=METHODS + EXTRA_METHODS, default=list(METHODS),
+        help="default: none eager triton torch; also teacher, triton-fused",
+    )
     parser.add_argument("--image-sizes", nargs="+", type=int, default=None, help="default: 224 512 1024")
     parser.add_argument(
         "--batches", nargs="+", type=int, default=None,
