@@ -159,3 +159,21 @@ def test_autotune_pruning_keeps_small_tiles_for_wide_heads_and_fp32(kind, dtype,
     assert all(config.num_stages <= 2 for config in kept) == two_stages
     if not small_only:
         assert kept == configs
+
+
+def test_autotuned_kernels_keep_their_results_on_disk(monkeypatch):
+    import triton
+
+    from cl_streamkl.kernels import triton_kl
+
+    seen = {}
+
+    def fake_autotune(**kwargs):
+        seen.update(kwargs)
+        return lambda kernel: ("tuned", kernel)
+
+    monkeypatch.setattr(triton_kl, "AUTOTUNE", True)
+    monkeypatch.setattr(triton, "autotune", fake_autotune)
+    assert triton_kl._tuned("kernel", "bwd", ("TEACHER_GRAD",)) == ("tuned", "kernel")
+    assert seen["key"] == triton_kl._AUTOTUNE_KEY + ["TEACHER_GRAD"]
+    assert seen.get("cache_results") is True  # triton >= 3.2 has the option

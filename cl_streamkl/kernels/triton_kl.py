@@ -15,6 +15,7 @@ Math (base 2 inside the kernels: u = s·log2(e)):
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 
 import torch
@@ -489,8 +490,8 @@ def _prune_configs(configs, named_args, **kwargs):
 
 
 _AUTOTUNE_KEY = ["N_Q_BUCKET", "N_K_BUCKET", "d_s", "d_t", "CAUSAL"]
-# Autotuning costs a few seconds of compiling per new (dtype, head dims, causal)
-# combination; CL_STREAMKL_AUTOTUNE=0 uses the heuristic tiles below instead
+# Autotuning costs seconds to a minute of compiling per new (dtype, head dims, causal,
+# length bucket) combination; CL_STREAMKL_AUTOTUNE=0 uses the heuristic tiles below instead
 # (correctness runs, short jobs). The interpreter never autotunes: timing it is meaningless.
 AUTOTUNE = not INTERPRETING and os.environ.get("CL_STREAMKL_AUTOTUNE", "1") != "0"
 
@@ -506,6 +507,14 @@ def _heuristic_options(kind: str, widest_head_dim: int, element_size: int) -> di
     return {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 
 
+# Triton keeps autotuning results on disk (keyed by GPU, Triton version, kernel source and
+# tuning key), so only the first process on a machine pays the benchmarking; every later
+# one compiles just the chosen tiles. Older Tritons without the option tune every process.
+_CACHE_OPTION = (
+    {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
+)
+
+
 def _tuned(kernel, kind: str, extra_keys: tuple[str, ...] = ()):
     if not AUTOTUNE:
         return kernel
@@ -514,6 +523,7 @@ def _tuned(kernel, kind: str, extra_keys: tuple[str, ...] = ()):
         configs=_autotune_configs(kind),
         key=key,
         prune_configs_by={"early_config_prune": _prune_configs},
+        **_CACHE_OPTION,
     )(kernel)
 
 
