@@ -509,7 +509,7 @@ def _heuristic_options(kind: str, widest_head_dim: int, element_size: int) -> di
 
 # Triton keeps autotuning results on disk (keyed by GPU, Triton version, kernel source and
 # tuning key), so only the first process on a machine pays the benchmarking; every later
-# one compiles just the chosen tiles. Older Tritons without the option tune every process.
+# one compiles just the chosen tiles. Tritons before 3.4 lack the option and tune every process.
 _CACHE_OPTION = (
     {"cache_results": True} if "cache_results" in inspect.signature(triton.autotune).parameters else {}
 )
