@@ -65,7 +65,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench_attention_kl import describe_environment, eager_attention_kl, free_memory, fused_backward
+from bench_attention_kl import KL_BACKENDS, describe_environment, eager_attention_kl, free_memory, fused_backward
 from cl_streamkl import attention_kl_reference
 from cl_streamkl.capture import QKCapture
 from cl_streamkl.strategies.distiller import AttentionDistiller, frozen_copy
@@ -190,9 +190,8 @@ def build_distiller(method: str, alpha: float) -> AttentionDistiller | None:
         return EagerAttentionDistiller(alpha=alpha, layers="all")
     if method == "teacher":
         return TeacherOnlyDistiller(alpha=alpha, layers="all")
-    if method in ("triton", "torch", "triton-fused"):
-        backend = "torch" if method == "torch" else "triton"
-        return AttentionDistiller(alpha=alpha, layers="all", temperature=1.0, backend=backend)
+    if method in KL_BACKENDS:
+        return AttentionDistiller(alpha=alpha, layers="all", temperature=1.0, backend=KL_BACKENDS[method])
     raise ValueError(f"method must be one of {METHODS + EXTRA_METHODS}, got {method!r}")
 
 

@@ -93,7 +93,7 @@ class KernelLauncher:
             block: name of the tile-size constant along ``length`` ("BLOCK_M" or "BLOCK_N").
         """
         if not self.replay:
-            self.kernel[lambda meta: (_programs(length, meta[block], batch_heads),)](*args, **constants, **options)
+            self._launch_through_triton(args, constants, options, length, batch_heads, block)
             return
         key = (args[0].device.index, block, length, batch_heads, signature_key(args, tuple(constants.values())))
         entry = self._compiled.get(key)
@@ -110,11 +110,18 @@ class KernelLauncher:
         runner_for_grid, tile, constant_tail = entry
         runner_for_grid((_programs(length, tile, batch_heads), 1, 1))(*args, *constant_tail)
 
-    def _compile(self, args, constants, options, length, batch_heads, block):
-        """Launch once through Triton (compiling or autotuning as needed); return what replays it."""
-        compiled = self.kernel[lambda meta: (_programs(length, meta[block], batch_heads),)](
+    def _launch_through_triton(self, args, constants, options, length, batch_heads, block):
+        """``kernel[grid](...)``: bind, specialise, compile or autotune if needed, launch.
+
+        Returns what Triton returns: the compiled kernel that ran (None under the interpreter).
+        """
+        return self.kernel[lambda meta: (_programs(length, meta[block], batch_heads),)](
             *args, **constants, **options
         )
+
+    def _compile(self, args, constants, options, length, batch_heads, block):
+        """Launch once through Triton (compiling or autotuning as needed); return what replays it."""
+        compiled = self._launch_through_triton(args, constants, options, length, batch_heads, block)
         chosen = getattr(self.kernel, "best_config", None)
         values = {**constants, **options, **(chosen.kwargs if chosen is not None else {})}
         names = self.kernel.arg_names[len(args):]
