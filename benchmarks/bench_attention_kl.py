@@ -3,8 +3,6 @@
 Implementations, all timed on the same inputs in one process:
 
 * ``triton``   — ``attention_kl(..., backend="triton")``, the fused kernels.
-* ``triton-fused`` — the same forward; the backward as one fused kernel with atomic dq
-  (``CL_STREAMKL_BACKWARD=fused`` during the backward) instead of the default two kernels.
 * ``torch``    — ``attention_kl(..., backend="torch")``, the PyTorch streaming backend.
 * ``eager``    — the usual distillation code: both score matrices materialised, fp32
   ``log_softmax`` of each, ``F.kl_div(log_p_student, log_p_teacher, log_target=True)``
@@ -74,11 +72,9 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import math
-import os
 import platform
 import statistics
 import subprocess
@@ -99,9 +95,9 @@ from cl_streamkl import attention_kl, attention_kl_reference
 
 Shape = tuple[int, int, int, int]
 
-IMPLEMENTATIONS = ("triton", "triton-fused", "torch", "eager", "compiled", "sdpa")
+IMPLEMENTATIONS = ("triton", "torch", "eager", "compiled", "sdpa")
 # The implementations that call attention_kl, and the backend each passes to it.
-KL_BACKENDS = {"triton": "triton", "triton-fused": "triton", "torch": "torch"}
+KL_BACKENDS = {"triton": "triton", "torch": "torch"}
 MODES = ("fwd", "bwd", "fwd+bwd")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -355,25 +351,6 @@ def _backward_scalar(output: torch.Tensor, retain_graph: bool) -> None:
     output.backward(retain_graph=retain_graph)
 
 
-@contextlib.contextmanager
-def fused_backward():
-    """Inside the block, StreamKL backwards run as the single fused kernel."""
-    previous = os.environ.get("CL_STREAMKL_BACKWARD")
-    os.environ["CL_STREAMKL_BACKWARD"] = "fused"
-    try:
-        yield
-    finally:
-        if previous is None:
-            del os.environ["CL_STREAMKL_BACKWARD"]
-        else:
-            os.environ["CL_STREAMKL_BACKWARD"] = previous
-
-
-def _fused_backward_scalar(output: torch.Tensor, retain_graph: bool) -> None:
-    with fused_backward():
-        output.backward(retain_graph=retain_graph)
-
-
 def make_workload(impl: str, problem: Problem, inputs: dict[str, torch.Tensor]) -> Workload:
     """Bind one implementation to the problem's inputs.
 
@@ -388,7 +365,7 @@ def make_workload(impl: str, problem: Problem, inputs: dict[str, torch.Tensor]) 
         return Workload(
             leaves=[q, k],
             forward=lambda: attention_kl(q, k, q_teacher, k_teacher, causal=causal, backend=backend),
-            backward=_fused_backward_scalar if impl == "triton-fused" else _backward_scalar,
+            backward=_backward_scalar,
         )
     if impl == "eager":
         return Workload(
@@ -624,8 +601,7 @@ def check_problem(problem: Problem, impls: Sequence[str], device: torch.device) 
             rows = eager_attention_kl_rows(q, k, q_teacher, k_teacher, problem.causal)
         else:
             continue
-        with fused_backward() if impl == "triton-fused" else contextlib.nullcontext():
-            dq, dk = torch.autograd.grad((rows * weight).sum(), (q, k))
+        dq, dk = torch.autograd.grad((rows * weight).sum(), (q, k))
         results.append(
             CheckResult(
                 impl=impl,

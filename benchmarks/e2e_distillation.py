@@ -11,12 +11,10 @@ labels at image sizes 224, 512 and 1024 (197, 1025 and 4097 tokens). Every step 
 * ``triton`` — (c) the same penalty from ``AttentionDistiller(backend="triton")``.
 * ``torch``  — (d) the same penalty from ``AttentionDistiller(backend="torch")``.
 
-Two more methods on request (``--methods``), to take (c) apart:
+One more method on request (``--methods``), to take (c) apart:
 
 * ``teacher`` — (t) what (c) does except the penalty: the student's Q/K capture and the
   teacher's forward, but a zero penalty. (c) − (t) is the cost of the twelve penalties.
-* ``triton-fused`` — (c') as (c), with the backward as one fused kernel
-  (``CL_STREAMKL_BACKWARD=fused`` during the step).
 
 The penalty is ``alpha`` times the mean over blocks of the row-averaged
 KL(P_teacher ‖ P_student); the teacher is a frozen snapshot of the student taken before
@@ -50,7 +48,6 @@ Examples::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import statistics
@@ -65,20 +62,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench_attention_kl import KL_BACKENDS, describe_environment, eager_attention_kl, free_memory, fused_backward
+from bench_attention_kl import KL_BACKENDS, describe_environment, eager_attention_kl, free_memory
 from cl_streamkl import attention_kl_reference
 from cl_streamkl.capture import QKCapture
 from cl_streamkl.strategies.distiller import AttentionDistiller, frozen_copy
 
 METHODS = ("none", "eager", "triton", "torch")
-EXTRA_METHODS = ("teacher", "triton-fused")
+EXTRA_METHODS = ("teacher",)
 METHOD_LABELS = {
     "none": "(a) no distillation",
     "eager": "(b) eager, materialised",
     "triton": "(c) StreamKL triton",
     "torch": "(d) StreamKL torch",
     "teacher": "(t) teacher fwd, no KL",
-    "triton-fused": "(c') triton, fused bwd",
 }
 PENALTY_METHODS = ("eager", "triton", "torch")
 
@@ -204,14 +200,9 @@ class Trainer:
     distiller: AttentionDistiller | None
     num_classes: int
     device: torch.device
-    fused_backward: bool = False
 
     def step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """One training step on images (B, 3, S, S) and labels (B,); returns the detached loss."""
-        with fused_backward() if self.fused_backward else contextlib.nullcontext():
-            return self._step(images, labels)
-
-    def _step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         self.optimizer.zero_grad(set_to_none=True)
         with torch.autocast(self.device.type, dtype=torch.bfloat16):
             if self.distiller is None:
@@ -242,7 +233,7 @@ def build_trainer(
     distiller = build_distiller(method, alpha)
     if distiller is not None:
         distiller.update_teacher(model)
-    return Trainer(model, optimizer, distiller, model.num_classes, device, fused_backward=method == "triton-fused")
+    return Trainer(model, optimizer, distiller, model.num_classes, device)
 
 
 def random_batch(
@@ -537,7 +528,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--methods", nargs="+", choices=METHODS + EXTRA_METHODS, default=list(METHODS),
-        help="default: none eager triton torch; also teacher, triton-fused",
+        help="default: none eager triton torch; also teacher",
     )
     parser.add_argument("--image-sizes", nargs="+", type=int, default=None, help="default: 224 512 1024")
     parser.add_argument(

@@ -13,7 +13,7 @@ from typing import Any
 from cl_streamkl.data.registry import DATASETS
 from cl_streamkl.data.stream import EVAL_SPLITS
 from cl_streamkl.experiment.config import (
-    AMP_MODES, DEFAULT_MODEL, DEFAULT_MODEL_KWARGS, DEFAULT_STRATEGIES, DEVICES, STRATEGIES,
+    AMP_MODES, DEFAULT_MODEL_KWARGS, DEFAULT_STRATEGIES, DEVICES, STRATEGIES,
     ExperimentConfig,
 )
 

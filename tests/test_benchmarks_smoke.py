@@ -7,7 +7,6 @@ check, the table and the JSON file.
 
 import json
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -79,23 +78,6 @@ def test_check_problem_agrees_with_float64(causal):
     assert [r.impl for r in results] == ["torch", "eager"]
     assert all(r.checked_shape == "1x2x40x16" for r in results)
     assert all(r.passed and max(r.kl, r.dq, r.dk) < 1e-5 for r in results)
-
-
-def test_triton_implementations_run_their_backward_mode(monkeypatch):
-    from cl_streamkl.kernels import triton_kl
-
-    monkeypatch.delenv("CL_STREAMKL_BACKWARD", raising=False)
-    dq_launches = []
-    real = triton_kl._backward_dq_kernel
-    monkeypatch.setattr(triton_kl, "_backward_dq_kernel", lambda *a, **kw: dq_launches.append(1) or real(*a, **kw))
-    problem = bench.Problem(1, 2, 20, 32, torch.float32)
-    results = bench.check_problem(problem, ["triton", "triton-fused"], CPU)
-    assert [r.impl for r in results] == ["triton", "triton-fused"] and all(r.passed for r in results)
-    assert len(dq_launches) == 1  # only the split backward launches the dq kernel
-    workload = bench.make_workload("triton-fused", problem, bench.make_inputs(problem, CPU))
-    workload.backward(workload.forward(), False)
-    assert len(dq_launches) == 1 and all(leaf.grad is not None for leaf in workload.leaves)
-    assert "CL_STREAMKL_BACKWARD" not in os.environ
 
 
 def test_check_fails_on_a_wrong_kl(monkeypatch):

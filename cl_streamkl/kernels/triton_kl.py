@@ -310,12 +310,11 @@ def _attention_kl_bwd_dq_kernel(
 
 @triton.jit
 def _bwd_dk_tile(
-    q_base, qt_base, grad_base, row_base, LSE_S, LSE_T, ROW_KL, dq_base,
+    q_base, qt_base, grad_base, row_base, LSE_S, LSE_T, ROW_KL,
     stride_qn, stride_qtn, stride_gn,
-    k, kt, keys, rows, n_q, n_k, d_s, d_t, dims_s, dims_t, dk, dkt,
-    scale_s_log2, scale_t_log2, scale_s,
-    MASKED: tl.constexpr, TEACHER_GRAD: tl.constexpr, ACCUMULATE_DQ: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    k, kt, keys, rows, n_q, d_s, d_t, dims_s, dims_t, dk, dkt,
+    scale_s_log2, scale_t_log2,
+    MASKED: tl.constexpr, TEACHER_GRAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     rows64 = rows.to(tl.int64)
     row_ok = rows < n_q
@@ -338,16 +337,6 @@ def _bwd_dk_tile(
     dk += _dot(grad_scores.to(q.dtype), q, DOT_PRECISION)
     if TEACHER_GRAD:
         dkt += _dot(grad_scores_t.to(qt.dtype), qt, DOT_PRECISION)
-    if ACCUMULATE_DQ:
-        # Keys past Nk are zero rows of k, but their scores are not masked above and
-        # 2^(0 − lse) can overflow for very negative rows: zero them before they meet k.
-        grad_scores = tl.where(keys[:, None] < n_k, grad_scores, 0.0)
-        dq_part = _dot(tl.trans(grad_scores.to(k.dtype)), k, DOT_PRECISION) * scale_s
-        tl.atomic_add(
-            dq_base + rows64[:, None] * d_s + dims_s[None, :],
-            dq_part,
-            mask=row_ok[:, None] & (dims_s[None, :] < d_s),
-        )
     return dk, dkt
 
 
@@ -363,7 +352,6 @@ def _attention_kl_bwd_dk_kernel(
     LSE_T,  # [B, H, Nq] float32, contiguous, base 2
     DK,  # [B, H, Nk, Ds], contiguous
     DKT,  # [B, H, Nk, Dt], contiguous; unused unless TEACHER_GRAD
-    DQ_ACC,  # [B, H, Nq, Ds] float32, contiguous, zeroed; used only when ACCUMULATE_DQ
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
     stride_qtb, stride_qth, stride_qtn,
@@ -375,7 +363,6 @@ def _attention_kl_bwd_dk_kernel(
     N_Q_BUCKET, N_K_BUCKET,
     CAUSAL: tl.constexpr,
     TEACHER_GRAD: tl.constexpr,
-    ACCUMULATE_DQ: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -384,8 +371,6 @@ def _attention_kl_bwd_dk_kernel(
 ):
     # Transposed orientation: this program owns BLOCK_N keys and streams over
     # query tiles. Keys past Nk need no mask: their rows of dk are never stored.
-    # With ACCUMULATE_DQ (the fused backward) each tile also adds its share of
-    # dq = dS·K·scale_s into DQ_ACC with atomics, so the dq kernel is not launched.
     key_tiles = tl.cdiv(n_k, BLOCK_N)
     pid = tl.program_id(0)
     pid_n = pid % key_tiles
@@ -405,7 +390,6 @@ def _attention_kl_bwd_dk_kernel(
     qt_base = QT + batch * stride_qtb + head * stride_qth
     grad_base = GRAD + batch * stride_gb + head * stride_gh
     row_base = pid_bh * n_q
-    dq_base = DQ_ACC + pid_bh * n_q * d_s
 
     dk = tl.zeros([BLOCK_N, BLOCK_DS], tl.float32)
     dkt = tl.zeros([BLOCK_N, BLOCK_DT], tl.float32)
@@ -416,19 +400,19 @@ def _attention_kl_bwd_dk_kernel(
         unmasked_start = tl.cdiv((pid_n + 1) * BLOCK_N, BLOCK_M) * BLOCK_M
         for start_m in range(query_start, tl.minimum(unmasked_start, n_q), BLOCK_M):
             dk, dkt = _bwd_dk_tile(
-                q_base, qt_base, grad_base, row_base, LSE_S, LSE_T, ROW_KL, dq_base,
+                q_base, qt_base, grad_base, row_base, LSE_S, LSE_T, ROW_KL,
                 stride_qn, stride_qtn, stride_gn,
-                k, kt, keys, start_m + offs_m, n_q, n_k, d_s, d_t, dims_s, dims_t, dk, dkt,
-                scale_s_log2, scale_t_log2, scale_s, True, TEACHER_GRAD, ACCUMULATE_DQ, DOT_PRECISION,
+                k, kt, keys, start_m + offs_m, n_q, d_s, d_t, dims_s, dims_t, dk, dkt,
+                scale_s_log2, scale_t_log2, True, TEACHER_GRAD, DOT_PRECISION,
             )
     else:
         unmasked_start = 0
     for start_m in range(unmasked_start, n_q, BLOCK_M):
         dk, dkt = _bwd_dk_tile(
-            q_base, qt_base, grad_base, row_base, LSE_S, LSE_T, ROW_KL, dq_base,
+            q_base, qt_base, grad_base, row_base, LSE_S, LSE_T, ROW_KL,
             stride_qn, stride_qtn, stride_gn,
-            k, kt, keys, start_m + offs_m, n_q, n_k, d_s, d_t, dims_s, dims_t, dk, dkt,
-            scale_s_log2, scale_t_log2, scale_s, False, TEACHER_GRAD, ACCUMULATE_DQ, DOT_PRECISION,
+            k, kt, keys, start_m + offs_m, n_q, d_s, d_t, dims_s, dims_t, dk, dkt,
+            scale_s_log2, scale_t_log2, False, TEACHER_GRAD, DOT_PRECISION,
         )
 
     tl.store(
@@ -532,24 +516,8 @@ _backward_dq_kernel = KernelLauncher(
     _tuned(_attention_kl_bwd_dq_kernel, "bwd", ("TEACHER_GRAD",)), replay=not INTERPRETING
 )
 _backward_dk_kernel = KernelLauncher(
-    _tuned(_attention_kl_bwd_dk_kernel, "bwd", ("TEACHER_GRAD", "ACCUMULATE_DQ")), replay=not INTERPRETING
+    _tuned(_attention_kl_bwd_dk_kernel, "bwd", ("TEACHER_GRAD",)), replay=not INTERPRETING
 )
-
-BACKWARD_MODES = ("split", "fused")
-
-
-def _fused_backward(teacher_grad: bool) -> bool:
-    """Whether this backward runs the single fused kernel (see :func:`launch_backward`).
-
-    Read from ``CL_STREAMKL_BACKWARD`` at every call, so it can be switched per run.
-
-    Raises:
-        ValueError: ``CL_STREAMKL_BACKWARD`` is set to something other than "split" or "fused".
-    """
-    mode = os.environ.get("CL_STREAMKL_BACKWARD", "split")
-    if mode not in BACKWARD_MODES:
-        raise ValueError(f"CL_STREAMKL_BACKWARD must be one of {BACKWARD_MODES}, got {mode!r}")
-    return mode == "fused" and not teacher_grad and not torch.are_deterministic_algorithms_enabled()
 
 
 def _launch_options(kind: str, d_s: int, d_t: int, dtype: torch.dtype) -> dict:
@@ -656,13 +624,11 @@ def launch_backward(
     causal: bool,
     teacher_grad: bool,
 ) -> list[torch.Tensor]:
-    """Run the backward: the query-side then the key-side kernel, or one fused kernel.
+    """Run the backward: the query-side kernel, then the key-side kernel.
 
-    The fused backward (``CL_STREAMKL_BACKWARD=fused``, frozen teacher only, never
-    under ``torch.use_deterministic_algorithms(True)``) recomputes each probability
-    tile once instead of twice and adds dq up with float32 atomics: the order of
-    those additions varies from run to run, and the float32 dq buffer (4·Ds bytes
-    per row) lives until it is cast to the inputs' dtype.
+    Each recomputes both probability tiles; neither uses atomics, so the gradients
+    are deterministic (a single kernel adding dq up with atomics measured slower on
+    the H200, see benchmarks/TUNING_NOTES.md).
 
     Args:
         grad_rows: upstream gradient of the per-row KL, (B, H, Nq), any strides.
@@ -674,11 +640,8 @@ def launch_backward(
     batch, heads, n_q, d_s = q.shape
     n_k, d_t = k.size(2), q_teacher.size(3)
     grad_rows = grad_rows.float()
-    fused = _fused_backward(teacher_grad)
     grad_q = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     grad_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    # Never written unless fused: ACCUMULATE_DQ=False compiles the atomics away.
-    grad_q_sum = torch.zeros(q.shape, dtype=torch.float32, device=q.device) if fused else grad_q
     if teacher_grad:
         grad_q_teacher = torch.empty(q_teacher.shape, dtype=q.dtype, device=q.device)
         grad_k_teacher = torch.empty(k_teacher.shape, dtype=k.dtype, device=k.device)
@@ -715,19 +678,14 @@ def launch_backward(
     )
     options = _launch_options("bwd", d_s, d_t, q.dtype)
     with _device_guard(q):
-        if not fused:
-            _backward_dq_kernel(
-                (*common, grad_q, grad_q_teacher, *sizes), constants, options,
-                length=n_q, batch_heads=batch * heads, block="BLOCK_M",
-            )
+        _backward_dq_kernel(
+            (*common, grad_q, grad_q_teacher, *sizes), constants, options,
+            length=n_q, batch_heads=batch * heads, block="BLOCK_M",
+        )
         _backward_dk_kernel(
-            (*common, grad_k, grad_k_teacher, grad_q_sum, *sizes),
-            {**constants, "ACCUMULATE_DQ": fused},
-            options,
+            (*common, grad_k, grad_k_teacher, *sizes), constants, options,
             length=n_k, batch_heads=batch * heads, block="BLOCK_N",
         )
-    if fused:
-        grad_q.copy_(grad_q_sum)
     if teacher_grad:
         return [grad_q, grad_k, grad_q_teacher, grad_k_teacher]
     return [grad_q, grad_k]
