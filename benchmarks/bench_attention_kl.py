@@ -837,6 +837,17 @@ def _write_json(
     path.write_text(json.dumps(payload, indent=1))
 
 
+def autotuned_tiles() -> list[str]:
+    """One line per tuning key the StreamKL kernels were autotuned for in this process."""
+    from cl_streamkl.kernels import triton_kl
+
+    lines = []
+    for name in ("_forward_kernel", "_backward_dq_kernel", "_backward_dk_kernel"):
+        for key, config in getattr(getattr(triton_kl, name).kernel, "cache", {}).items():
+            lines.append(f"{name.strip('_')} {key}: {config}")
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; returns 1 when a correctness check failed, else 0."""
     args = parse_args(argv)
@@ -866,6 +877,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             # Rewritten after every problem so a run cut short still leaves its results.
             _write_json(args.json, environment, args, checks, rows, time.perf_counter() - start)
     failed = [check for check in checks if not check.passed]
+    for line in autotuned_tiles():
+        print(f"autotuned {line}", flush=True)
     print(f"done in {time.perf_counter() - start:.0f} s; {len(failed)} failed checks", flush=True)
     return 1 if failed else 0
 
