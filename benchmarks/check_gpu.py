@@ -1,8 +1,9 @@
 """GPU acceptance check for the StreamKL kernels: correctness first, then a first timing.
 
 Checks, on CUDA, against the float64 materialising reference:
-  * bf16 / fp16 / fp32 at N = 197, 1024, 4096 (values and student gradients), causal and
-    mutual (teacher-gradient) variants, timm-style strided views;
+  * bf16 / fp16 / fp32 at N = 1, 17, 197, 577, 1024, 1025, 4096 (values and student gradients;
+    the odd lengths run the ragged-tail tiles), causal and mutual (teacher-gradient) variants,
+    timm-style strided views;
   * int64 addressing: a strided view whose offsets pass 2**31 elements, at N = 131072;
   * torch.compile(fullgraph=True) through the registered custom ops.
 Then times (1, 12, 8192, 64) bf16 fwd and fwd+bwd beside SDPA and eager PyTorch.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import subprocess
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -138,17 +140,18 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__} commit {commit or '?'}")
     torch.manual_seed(0)
-    if not args.skip_checks:
-        run_checks()
+    failures = 0 if args.skip_checks else run_checks()
     if not args.skip_timing:
         print("\n| impl | mode | ms (1,12,8192,64) bf16 |\n|---|---|---|")
         for name, mode, ms in time_first_table():
             print(f"| {name} | {mode} | {ms:.3f} |")
+    sys.exit(1 if failures else 0)
 
 
-def run_checks() -> None:
+def run_checks() -> int:
+    """Print one line per check; return how many failed."""
     failures = 0
-    for n in (197, 1024, 4096):
+    for n in (1, 17, 197, 577, 1024, 1025, 4096):
         for dtype_name, dtype in DTYPES.items():
             for causal, teacher_grad in ((False, False), (True, False), (False, True)):
                 result = check_case(2 if n < 4096 else 1, 2, n, 64, dtype, causal, teacher_grad)
@@ -171,6 +174,7 @@ def run_checks() -> None:
         print(f"{name}: rel_err={err:.2e} {'ok' if ok else 'FAIL'}")
         torch.cuda.empty_cache()
     print(f"correctness failures: {failures}")
+    return failures
 
 
 if __name__ == "__main__":
