@@ -607,16 +607,21 @@ def _length_bucket(length: int) -> int:
 
 
 def _autotune_configs(kind: str) -> list[triton.Config]:
-    """Candidate tile shapes for the GPU; the interpreter uses one fixed small config."""
+    """Candidate tile shapes for the GPU; the interpreter uses one fixed small config.
+
+    Eight per kernel: every config costs a compile (seconds each for these kernels,
+    whose ragged-tail paths are compiled beside the main one) the first time a new
+    length bucket, head dim, dtype or causal flag is seen.
+    """
     if kind == "fwd":
-        shapes = [(128, 64), (128, 128), (64, 64), (64, 128), (128, 32), (64, 32)]
+        candidates = [(128, 64, w, s) for w in (4, 8) for s in (2, 3)]
+        candidates += [(64, 64, 4, 2), (64, 64, 4, 3), (128, 128, 8, 2), (64, 32, 4, 2)]
     else:
-        shapes = [(64, 64), (128, 64), (64, 128), (32, 64), (64, 32), (128, 128)]
+        candidates = [(64, 64, w, s) for w in (4, 8) for s in (2, 3)]
+        candidates += [(128, 64, 8, 2), (64, 128, 8, 2), (32, 64, 4, 2), (128, 128, 8, 2)]
     return [
         triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps, num_stages=stages)
-        for block_m, block_n in shapes
-        for warps in (4, 8)
-        for stages in (2, 3)
+        for block_m, block_n, warps, stages in candidates
     ]
 
 
