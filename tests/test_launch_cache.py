@@ -161,7 +161,7 @@ def test_autotune_pruning_keeps_small_tiles_for_wide_heads_and_fp32(kind, dtype,
         assert kept == configs
 
 
-def test_autotuned_kernels_keep_their_results_on_disk(monkeypatch):
+def test_autotuned_kernels_keep_results_on_disk_and_time_gpu_only(monkeypatch):
     import triton
 
     from cl_streamkl.kernels import triton_kl
@@ -177,3 +177,5 @@ def test_autotuned_kernels_keep_their_results_on_disk(monkeypatch):
     assert triton_kl._tuned("kernel", "bwd", ("TEACHER_GRAD",)) == ("tuned", "kernel")
     assert seen["key"] == triton_kl._AUTOTUNE_KEY + ["TEACHER_GRAD"]
     assert seen.get("cache_results") is True  # triton >= 3.4 has the option
+    # Candidates are timed on the GPU alone (CUDA-graph replay), not through Python launches.
+    assert seen.get("do_bench") is triton_kl._bench_in_cuda_graph
