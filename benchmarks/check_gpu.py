@@ -2,7 +2,7 @@
 
 Checks, on CUDA, against the float64 materialising reference:
   * bf16 / fp16 / fp32 at N = 1, 17, 197, 577, 1024, 1025, 4096 (values and student gradients;
-    the odd lengths run the ragged-tail tiles), causal and mutual (teacher-gradient) variants,
+    the odd lengths run the masked tail tiles), causal and mutual (teacher-gradient) variants,
     timm-style strided views;
   * int64 addressing: a strided view whose offsets pass 2**31 elements, at N = 131072;
   * torch.compile(fullgraph=True) through the registered custom ops.

@@ -55,34 +55,19 @@ def _load_rows(base, index, stride, dims, limit, dim_limit):
     )
 
 
-# Ragged tails in the forward: ViT sequences are 2^k + 1 tokens long (a class token), so a
-# tile of 64 or 128 would leave the last query tile and the last key tile almost empty, yet
-# costing as much as a full one. A tail of at most TAIL rows (or at most half a tile of keys)
-# is processed with TAIL-sized tiles instead, the smallest size tl.dot accepts. (The same
-# split made both backward kernels 3-9 % slower on the H200, so they keep whole tiles; see
-# benchmarks/TUNING_NOTES.md.)
-TAIL = tl.constexpr(16)
-
-
 @triton.jit
-def _key_ranges(first_row, n_k, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+def _key_ranges(pid_m, n_k, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Key ranges a query tile visits: [0, full_end) needs no mask, [full_end, key_end) does.
 
     Only the ragged tail (and, causal, the diagonal tiles) pay for the selects per score.
     """
     if CAUSAL:
-        full_end = (first_row // BLOCK_N) * BLOCK_N
-        key_end = tl.minimum(first_row + BLOCK_M, n_k)
+        full_end = (pid_m * BLOCK_M // BLOCK_N) * BLOCK_N
+        key_end = tl.minimum((pid_m + 1) * BLOCK_M, n_k)
     else:
         full_end = (n_k // BLOCK_N) * BLOCK_N
         key_end = n_k
     return full_end, key_end
-
-
-@triton.jit
-def _small_tail(length, tile_size: tl.constexpr):
-    """Whether a masked range of ``length`` keys or queries is cheaper in TAIL-sized tiles."""
-    return length <= tile_size // 2
 
 
 @triton.jit
@@ -117,74 +102,6 @@ def _fwd_tile(
 
 
 @triton.jit
-def _fwd_key_tiles(
-    q, qt, k_base, kt_base, stride_kn, stride_ktn, dims_s, dims_t, rows,
-    key_start, key_stop, n_k, d_s, d_t, scale_s_log2, scale_t_log2,
-    max_s, sum_s, max_t, sum_t, gap,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    """Keys [key_start, key_stop) in tiles of BLOCK_N through :func:`_fwd_tile`."""
-    cols = tl.arange(0, BLOCK_N)
-    for start_n in range(key_start, key_stop, BLOCK_N):
-        keys = start_n + cols
-        k = _load_rows(k_base, keys, stride_kn, dims_s, n_k, d_s)
-        kt = _load_rows(kt_base, keys, stride_ktn, dims_t, n_k, d_t)
-        max_s, sum_s, max_t, sum_t, gap = _fwd_tile(
-            q, qt, k, kt, rows, keys, n_k, scale_s_log2, scale_t_log2,
-            max_s, sum_s, max_t, sum_t, gap, MASKED, CAUSAL, DOT_PRECISION,
-        )
-    return max_s, sum_s, max_t, sum_t, gap
-
-
-@triton.jit
-def _fwd_query_tile(
-    q_base, qt_base, k_base, kt_base, ROW_KL, LSE_S, LSE_T,
-    stride_qn, stride_qtn, stride_kn, stride_ktn,
-    first_row, out_base, n_q, n_k, d_s, d_t, scale_s_log2, scale_t_log2,
-    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DS: tl.constexpr, BLOCK_DT: tl.constexpr,
-):
-    """Forward for query rows [first_row, first_row + BLOCK_M) of one (batch, head)."""
-    rows = first_row + tl.arange(0, BLOCK_M)
-    dims_s = tl.arange(0, BLOCK_DS)
-    dims_t = tl.arange(0, BLOCK_DT)
-    q = _load_rows(q_base, rows, stride_qn, dims_s, n_q, d_s)
-    qt = _load_rows(qt_base, rows, stride_qtn, dims_t, n_q, d_t)
-
-    max_s = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    max_t = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    sum_s = tl.zeros([BLOCK_M], tl.float32)
-    sum_t = tl.zeros([BLOCK_M], tl.float32)
-    gap = tl.zeros([BLOCK_M], tl.float32)
-
-    full_end, key_end = _key_ranges(first_row, n_k, CAUSAL, BLOCK_M, BLOCK_N)
-    max_s, sum_s, max_t, sum_t, gap = _fwd_key_tiles(
-        q, qt, k_base, kt_base, stride_kn, stride_ktn, dims_s, dims_t, rows, 0, full_end, n_k, d_s, d_t,
-        scale_s_log2, scale_t_log2, max_s, sum_s, max_t, sum_t, gap, False, CAUSAL, DOT_PRECISION, BLOCK_N,
-    )
-    if not CAUSAL and _small_tail(key_end - full_end, BLOCK_N):
-        max_s, sum_s, max_t, sum_t, gap = _fwd_key_tiles(
-            q, qt, k_base, kt_base, stride_kn, stride_ktn, dims_s, dims_t, rows, full_end, key_end, n_k, d_s, d_t,
-            scale_s_log2, scale_t_log2, max_s, sum_s, max_t, sum_t, gap, True, CAUSAL, DOT_PRECISION, TAIL,
-        )
-    else:
-        max_s, sum_s, max_t, sum_t, gap = _fwd_key_tiles(
-            q, qt, k_base, kt_base, stride_kn, stride_ktn, dims_s, dims_t, rows, full_end, key_end, n_k, d_s, d_t,
-            scale_s_log2, scale_t_log2, max_s, sum_s, max_t, sum_t, gap, True, CAUSAL, DOT_PRECISION, BLOCK_N,
-        )
-
-    log2_sum_s = tl.math.log2(sum_s)
-    log2_sum_t = tl.math.log2(sum_t)
-    # Subtract the maxima first: both log-sum-exps can be large and nearly equal.
-    row_kl = (gap / sum_t - (max_t - max_s) - log2_sum_t + log2_sum_s) * 0.6931471805599453
-    out = out_base + rows.to(tl.int64)
-    row_ok = rows < n_q
-    tl.store(ROW_KL + out, row_kl, mask=row_ok)
-    tl.store(LSE_S + out, max_s + log2_sum_s, mask=row_ok)
-    tl.store(LSE_T + out, max_t + log2_sum_t, mask=row_ok)
-
-
-@triton.jit
 def _attention_kl_fwd_kernel(
     Q,  # [B, H, Nq, Ds]
     K,  # [B, H, Nk, Ds]
@@ -214,23 +131,49 @@ def _attention_kl_fwd_kernel(
     pid_bh = (pid // query_tiles).to(tl.int64)
     batch = pid_bh // num_heads
     head = pid_bh % num_heads
-    first_row = pid_m * BLOCK_M
-    q_base = Q + batch * stride_qb + head * stride_qh
-    qt_base = QT + batch * stride_qtb + head * stride_qth
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    dims_s = tl.arange(0, BLOCK_DS)
+    dims_t = tl.arange(0, BLOCK_DT)
+
+    q = _load_rows(Q + batch * stride_qb + head * stride_qh, rows, stride_qn, dims_s, n_q, d_s)
+    qt = _load_rows(QT + batch * stride_qtb + head * stride_qth, rows, stride_qtn, dims_t, n_q, d_t)
     k_base = K + batch * stride_kb + head * stride_kh
     kt_base = KT + batch * stride_ktb + head * stride_kth
-    if n_q - first_row <= TAIL:
-        _fwd_query_tile(
-            q_base, qt_base, k_base, kt_base, ROW_KL, LSE_S, LSE_T, stride_qn, stride_qtn, stride_kn, stride_ktn,
-            first_row, pid_bh * n_q, n_q, n_k, d_s, d_t, scale_s_log2, scale_t_log2,
-            CAUSAL, DOT_PRECISION, TAIL, BLOCK_N, BLOCK_DS, BLOCK_DT,
+
+    max_s = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    max_t = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    sum_s = tl.zeros([BLOCK_M], tl.float32)
+    sum_t = tl.zeros([BLOCK_M], tl.float32)
+    gap = tl.zeros([BLOCK_M], tl.float32)
+
+    full_end, key_end = _key_ranges(pid_m, n_k, CAUSAL, BLOCK_M, BLOCK_N)
+    for start_n in range(0, full_end, BLOCK_N):
+        keys = start_n + cols
+        k = _load_rows(k_base, keys, stride_kn, dims_s, n_k, d_s)
+        kt = _load_rows(kt_base, keys, stride_ktn, dims_t, n_k, d_t)
+        max_s, sum_s, max_t, sum_t, gap = _fwd_tile(
+            q, qt, k, kt, rows, keys, n_k, scale_s_log2, scale_t_log2,
+            max_s, sum_s, max_t, sum_t, gap, False, CAUSAL, DOT_PRECISION,
         )
-    else:
-        _fwd_query_tile(
-            q_base, qt_base, k_base, kt_base, ROW_KL, LSE_S, LSE_T, stride_qn, stride_qtn, stride_kn, stride_ktn,
-            first_row, pid_bh * n_q, n_q, n_k, d_s, d_t, scale_s_log2, scale_t_log2,
-            CAUSAL, DOT_PRECISION, BLOCK_M, BLOCK_N, BLOCK_DS, BLOCK_DT,
+    for start_n in range(full_end, key_end, BLOCK_N):
+        keys = start_n + cols
+        k = _load_rows(k_base, keys, stride_kn, dims_s, n_k, d_s)
+        kt = _load_rows(kt_base, keys, stride_ktn, dims_t, n_k, d_t)
+        max_s, sum_s, max_t, sum_t, gap = _fwd_tile(
+            q, qt, k, kt, rows, keys, n_k, scale_s_log2, scale_t_log2,
+            max_s, sum_s, max_t, sum_t, gap, True, CAUSAL, DOT_PRECISION,
         )
+
+    log2_sum_s = tl.math.log2(sum_s)
+    log2_sum_t = tl.math.log2(sum_t)
+    # Subtract the maxima first: both log-sum-exps can be large and nearly equal.
+    row_kl = (gap / sum_t - (max_t - max_s) - log2_sum_t + log2_sum_s) * 0.6931471805599453
+    out = pid_bh * n_q + rows.to(tl.int64)
+    row_ok = rows < n_q
+    tl.store(ROW_KL + out, row_kl, mask=row_ok)
+    tl.store(LSE_S + out, max_s + log2_sum_s, mask=row_ok)
+    tl.store(LSE_T + out, max_t + log2_sum_t, mask=row_ok)
 
 
 @triton.jit
@@ -335,7 +278,7 @@ def _attention_kl_bwd_dq_kernel(
 
     dq = tl.zeros([BLOCK_M, BLOCK_DS], tl.float32)
     dqt = tl.zeros([BLOCK_M, BLOCK_DT], tl.float32)
-    full_end, key_end = _key_ranges(pid_m * BLOCK_M, n_k, CAUSAL, BLOCK_M, BLOCK_N)
+    full_end, key_end = _key_ranges(pid_m, n_k, CAUSAL, BLOCK_M, BLOCK_N)
     for start_n in range(0, full_end, BLOCK_N):
         keys = start_n + cols
         k = _load_rows(k_base, keys, stride_kn, dims_s, n_k, d_s)
@@ -505,9 +448,9 @@ def _length_bucket(length: int) -> int:
 def _autotune_configs(kind: str) -> list[triton.Config]:
     """Candidate tile shapes for the GPU; the interpreter uses one fixed small config.
 
-    Eight per kernel: every config costs a compile (seconds each for these kernels,
-    whose ragged-tail paths are compiled beside the main one) the first time a new
-    length bucket, head dim, dtype or causal flag is seen.
+    Eight per kernel, each compiled the first time a new length bucket, head dim,
+    dtype or causal flag is seen; they include every tile the autotuner picked on
+    the H200 at the issue-5 shapes (see benchmarks/TUNING_NOTES.md).
     """
     if kind == "fwd":
         candidates = [(128, 64, w, s) for w in (4, 8) for s in (2, 3)]
@@ -545,8 +488,7 @@ AUTOTUNE = not INTERPRETING and os.environ.get("CL_STREAMKL_AUTOTUNE", "1") != "
 
 def _heuristic_options(kind: str, widest_head_dim: int, element_size: int) -> dict:
     if INTERPRETING:
-        # Twice TAIL, so that small shapes run the full, the masked and the tail tiles.
-        return {"BLOCK_M": 32, "BLOCK_N": 32}
+        return {"BLOCK_M": 16, "BLOCK_N": 16}
     # Shared memory holds the pipelined K tiles: 4-byte inputs and wide heads need smaller tiles.
     if widest_head_dim > 128 or element_size == 4:
         return {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
