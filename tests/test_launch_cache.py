@@ -151,14 +151,43 @@ def test_autotune_pruning_keeps_small_tiles_for_wide_heads_and_fp32(kind, dtype,
     from cl_streamkl.kernels import triton_kl
 
     configs = triton_kl._autotune_configs(kind)
-    named_args = {"Q": torch.empty(1, 1, 1, head_dim, dtype=dtype), "d_s": head_dim, "d_t": 32}
-    kept = triton_kl._prune_configs(configs, named_args)
+    named_args = {
+        "Q": torch.empty(1, 1, 1, head_dim, dtype=dtype),
+        "d_s": head_dim,
+        "d_t": 32,
+        "N_Q_BUCKET": 8192,
+        "N_K_BUCKET": 8192,
+    }
+    kept = triton_kl._prune_configs(configs, named_args, kind=kind)
     assert kept and all(config in configs for config in kept)
     tiles = [config.kwargs["BLOCK_M"] * config.kwargs["BLOCK_N"] for config in kept]
     assert (max(tiles) <= 64 * 64) == small_only
     assert all(config.num_stages <= 2 for config in kept) == two_stages
     if not small_only:
         assert kept == configs
+
+
+@pytest.mark.parametrize("kind", ["fwd", "bwd"])
+def test_vit_lengths_autotune_over_a_third_of_the_configs(kind):
+    from cl_streamkl.kernels import triton_kl
+
+    configs = triton_kl._autotune_configs(kind)
+    assert len(configs) == 24
+
+    def kept(n_q_bucket, n_k_bucket):
+        named_args = {
+            "Q": torch.empty(1, 1, 1, 64, dtype=torch.bfloat16),
+            "d_s": 64,
+            "d_t": 64,
+            "N_Q_BUCKET": n_q_bucket,
+            "N_K_BUCKET": n_k_bucket,
+        }
+        return triton_kl._prune_configs(configs, named_args, kind=kind)
+
+    short = kept(256, 2048)
+    assert len(short) == 8
+    assert {triton_kl._config_tuple(c) for c in short} == triton_kl._SHORT_SEQUENCE_CANDIDATES[kind]
+    assert kept(2048, 4096) == configs  # one long side is enough to try every tile
 
 
 def test_autotuned_kernels_keep_results_on_disk_and_time_gpu_only(monkeypatch):

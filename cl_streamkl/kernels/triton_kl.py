@@ -15,6 +15,7 @@ Math (base 2 inside the kernels: u = s·log2(e)):
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import os
 
@@ -445,30 +446,44 @@ def _length_bucket(length: int) -> int:
     return _next_power_of_2(length)
 
 
-def _autotune_configs(kind: str) -> list[triton.Config]:
-    """Candidate tile shapes for the GPU; the interpreter uses one fixed small config.
+_TILE_SHAPES = {
+    "fwd": [(128, 64), (128, 128), (64, 64), (64, 128), (128, 32), (64, 32)],
+    "bwd": [(64, 64), (128, 64), (64, 128), (32, 64), (64, 32), (128, 128)],
+}
+# At ViT lengths (both length buckets at most 2048) only these (BLOCK_M, BLOCK_N, warps,
+# stages) are tried: every tile the CUDA-graph-timed autotuner picked on the H200 at 197,
+# 577 and 1025 tokens, and their neighbours. A third of the configs means a third of the
+# compiling on the first call, which there costs far more than the kernels themselves.
+SHORT_SEQUENCE_BUCKET = 2048
+_SHORT_SEQUENCE_CANDIDATES = {
+    "fwd": {(128, 64, w, s) for w in (4, 8) for s in (2, 3)}
+    | {(64, 64, 4, 2), (64, 64, 4, 3), (128, 128, 8, 2), (64, 32, 4, 2)},
+    "bwd": {(64, 64, w, s) for w in (4, 8) for s in (2, 3)}
+    | {(128, 64, 8, 2), (64, 128, 8, 2), (32, 64, 4, 2), (128, 128, 8, 2)},
+}
 
-    Eight per kernel, each compiled the first time a new length bucket, head dim,
-    dtype or causal flag is seen; they include every tile the autotuner picked on
-    the H200 at the issue-5 shapes (see benchmarks/TUNING_NOTES.md).
-    """
-    if kind == "fwd":
-        candidates = [(128, 64, w, s) for w in (4, 8) for s in (2, 3)]
-        candidates += [(64, 64, 4, 2), (64, 64, 4, 3), (128, 128, 8, 2), (64, 32, 4, 2)]
-    else:
-        candidates = [(64, 64, w, s) for w in (4, 8) for s in (2, 3)]
-        candidates += [(128, 64, 8, 2), (64, 128, 8, 2), (32, 64, 4, 2), (128, 128, 8, 2)]
+
+def _autotune_configs(kind: str) -> list[triton.Config]:
+    """Candidate tile shapes for the GPU; the interpreter uses one fixed small config."""
     return [
         triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps, num_stages=stages)
-        for block_m, block_n, warps, stages in candidates
+        for block_m, block_n in _TILE_SHAPES[kind]
+        for warps in (4, 8)
+        for stages in (2, 3)
     ]
 
 
-def _prune_configs(configs, named_args, **kwargs):
+def _config_tuple(config: triton.Config) -> tuple[int, int, int, int]:
+    return config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_warps, config.num_stages
+
+
+def _prune_configs(configs, named_args, kind: str, **kwargs):
     """Drop tile shapes that cannot run well for these inputs before autotuning compiles them."""
     widest = max(named_args["d_s"], named_args["d_t"])
     four_byte = named_args["Q"].element_size() == 4
     kept = configs
+    if max(named_args["N_Q_BUCKET"], named_args["N_K_BUCKET"]) <= SHORT_SEQUENCE_BUCKET:
+        kept = [c for c in kept if _config_tuple(c) in _SHORT_SEQUENCE_CANDIDATES[kind]]
     if widest > 128 or four_byte:
         # Wide heads and float32 operands need small tiles: larger ones exceed the
         # register file and shared memory, spill, and take minutes each to compile
@@ -525,7 +540,7 @@ def _tuned(kernel, kind: str, extra_keys: tuple[str, ...] = ()):
     return triton.autotune(
         configs=_autotune_configs(kind),
         key=key,
-        prune_configs_by={"early_config_prune": _prune_configs},
+        prune_configs_by={"early_config_prune": functools.partial(_prune_configs, kind=kind)},
         **_AUTOTUNE_OPTIONS,
     )(kernel)
 
