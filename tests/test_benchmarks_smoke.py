@@ -71,6 +71,20 @@ def test_benchmark_problem_fills_ratios_and_reports_oom(monkeypatch):
     assert torch_fwd.speedup_vs_compiled is None
 
 
+@pytest.mark.parametrize(
+    "shape, checked",
+    [
+        ((32, 12, 197, 64), (1, 2, 197, 64)),
+        ((4, 12, 1025, 64), (1, 2, 1025, 64)),  # the timed length: same tiles, same ragged tail
+        ((1, 12, 4097, 64), (1, 1, 4097, 64)),
+        ((1, 12, 32768, 64), (1, 1, 16384, 64)),  # float64 (N, N) maps would not fit
+    ],
+)
+def test_checks_keep_the_timed_length(shape, checked):
+    problem = bench.Problem(*shape, torch.bfloat16, causal=True)
+    assert bench.checked_problem(problem) == bench.Problem(*checked, torch.bfloat16, causal=True)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_check_problem_agrees_with_float64(causal):
     problem = bench.Problem(2, 3, 40, 16, torch.float32, causal)
