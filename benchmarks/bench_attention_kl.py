@@ -98,8 +98,8 @@ from cl_streamkl import attention_kl, attention_kl_reference
 Shape = tuple[int, int, int, int]
 
 IMPLEMENTATIONS = ("triton", "torch", "eager", "compiled", "sdpa")
-# The implementations that call attention_kl, and the backend each passes to it.
-KL_BACKENDS = {"triton": "triton", "torch": "torch"}
+# The implementations that call attention_kl; each name is the backend it passes.
+KL_IMPLEMENTATIONS = ("triton", "torch")
 MODES = ("fwd", "bwd", "fwd+bwd")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -367,11 +367,10 @@ def make_workload(impl: str, problem: Problem, inputs: dict[str, torch.Tensor]) 
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     q_teacher, k_teacher = inputs["q_teacher"], inputs["k_teacher"]
     causal = problem.causal
-    if impl in KL_BACKENDS:
-        backend = KL_BACKENDS[impl]
+    if impl in KL_IMPLEMENTATIONS:
         return Workload(
             leaves=[q, k],
-            forward=lambda: attention_kl(q, k, q_teacher, k_teacher, causal=causal, backend=backend),
+            forward=lambda: attention_kl(q, k, q_teacher, k_teacher, causal=causal, backend=impl),
             backward=_backward_scalar,
         )
     if impl == "eager":
@@ -604,10 +603,8 @@ def check_problem(problem: Problem, impls: Sequence[str], device: torch.device) 
     reference_dq, reference_dk = torch.autograd.grad((reference_rows * weight).sum(), (q, k))
     results = []
     for impl in impls:
-        if impl in KL_BACKENDS:
-            rows = attention_kl(
-                q, k, q_teacher, k_teacher, causal=problem.causal, reduction="none", backend=KL_BACKENDS[impl]
-            )
+        if impl in KL_IMPLEMENTATIONS:
+            rows = attention_kl(q, k, q_teacher, k_teacher, causal=problem.causal, reduction="none", backend=impl)
         elif impl == "eager":
             rows = eager_attention_kl_rows(q, k, q_teacher, k_teacher, problem.causal)
         else:
@@ -816,7 +813,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.device = torch.device(args.device)
     if args.device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda but CUDA is not available; use --device cpu for a smoke run")
-    if args.device.type == "cpu" and any(KL_BACKENDS.get(impl) == "triton" for impl in args.impls):
+    if args.device.type == "cpu" and "triton" in args.impls:
         from cl_streamkl.kernels.triton_kl import INTERPRETING
 
         if not INTERPRETING:

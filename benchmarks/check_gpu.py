@@ -193,5 +193,6 @@ def run_extra_checks() -> int:
         torch.cuda.empty_cache()
     return failures
 
+
 if __name__ == "__main__":
     main()

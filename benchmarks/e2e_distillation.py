@@ -62,7 +62,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench_attention_kl import KL_BACKENDS, describe_environment, eager_attention_kl, free_memory
+from bench_attention_kl import KL_IMPLEMENTATIONS, describe_environment, eager_attention_kl, free_memory
 from cl_streamkl import attention_kl_reference
 from cl_streamkl.capture import QKCapture
 from cl_streamkl.strategies.distiller import AttentionDistiller, frozen_copy
@@ -186,8 +186,8 @@ def build_distiller(method: str, alpha: float) -> AttentionDistiller | None:
         return EagerAttentionDistiller(alpha=alpha, layers="all")
     if method == "teacher":
         return TeacherOnlyDistiller(alpha=alpha, layers="all")
-    if method in KL_BACKENDS:
-        return AttentionDistiller(alpha=alpha, layers="all", temperature=1.0, backend=KL_BACKENDS[method])
+    if method in KL_IMPLEMENTATIONS:
+        return AttentionDistiller(alpha=alpha, layers="all", temperature=1.0, backend=method)
     raise ValueError(f"method must be one of {METHODS + EXTRA_METHODS}, got {method!r}")
 
 

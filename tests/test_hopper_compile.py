@@ -58,7 +58,7 @@ def compile_for_hopper(kind: str, causal: bool, block_m: int, block_n: int) -> N
     for name in kernel.arg_names:
         if name in constants:
             signature[name] = "constexpr"
-        elif name.isupper():
+        elif name.isupper() and not name.endswith("_BUCKET"):  # tensors; the buckets are ints
             signature[name] = "*fp32" if name in float32_pointers else "*bf16"
         elif name.startswith("scale"):
             signature[name] = "fp32"
