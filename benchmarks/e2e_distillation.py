@@ -178,16 +178,21 @@ class TeacherOnlyDistiller(AttentionDistiller):
         return torch.zeros((), device=x.device)
 
 
-def build_distiller(method: str, alpha: float) -> AttentionDistiller | None:
-    """The penalty object of ``method`` (None for ``none``), teacher not yet taken."""
+def build_distiller(method: str, alpha: float, compile_teacher: bool = False) -> AttentionDistiller | None:
+    """The penalty object of ``method`` (None for ``none``), teacher not yet taken.
+
+    ``compile_teacher`` gives every distilling method the ``torch.compile``'d teacher.
+    """
     if method == "none":
         return None
     if method == "eager":
-        return EagerAttentionDistiller(alpha=alpha, layers="all")
+        return EagerAttentionDistiller(alpha=alpha, layers="all", compile_teacher=compile_teacher)
     if method == "teacher":
-        return TeacherOnlyDistiller(alpha=alpha, layers="all")
+        return TeacherOnlyDistiller(alpha=alpha, layers="all", compile_teacher=compile_teacher)
     if method in KL_IMPLEMENTATIONS:
-        return AttentionDistiller(alpha=alpha, layers="all", temperature=1.0, backend=method)
+        return AttentionDistiller(
+            alpha=alpha, layers="all", temperature=1.0, backend=method, compile_teacher=compile_teacher
+        )
     raise ValueError(f"method must be one of {METHODS + EXTRA_METHODS}, got {method!r}")
 
 
@@ -224,13 +229,19 @@ def build_model(model_name: str, model_kwargs: dict, image_size: int, device: to
 
 
 def build_trainer(
-    method: str, model_name: str, model_kwargs: dict, image_size: int, alpha: float, device: torch.device
+    method: str,
+    model_name: str,
+    model_kwargs: dict,
+    image_size: int,
+    alpha: float,
+    device: torch.device,
+    compile_teacher: bool = False,
 ) -> Trainer:
     """Fresh student, AdamW (fused on CUDA) and the method's distiller with its teacher snapshot."""
     torch.manual_seed(0)
     model = build_model(model_name, model_kwargs, image_size, device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
-    distiller = build_distiller(method, alpha)
+    distiller = build_distiller(method, alpha, compile_teacher)
     if distiller is not None:
         distiller.update_teacher(model)
     return Trainer(model, optimizer, distiller, model.num_classes, device)
@@ -360,6 +371,7 @@ def check_penalties(
     alpha: float,
     rtol: float,
     device: torch.device,
+    compile_teacher: bool = False,
 ) -> PenaltyCheck:
     """Penalty of each method in ``methods`` ∩ (b, c, d) and the float64 reference, one batch.
 
@@ -368,7 +380,9 @@ def check_penalties(
     """
     torch.manual_seed(0)
     model = build_model(model_name, model_kwargs, image_size, device).eval()
-    distillers = {method: build_distiller(method, alpha) for method in methods if method in PENALTY_METHODS}
+    distillers = {
+        method: build_distiller(method, alpha, compile_teacher) for method in methods if method in PENALTY_METHODS
+    }
     for distiller in distillers.values():
         distiller.update_teacher(model)
     teacher = frozen_copy(model)
@@ -544,6 +558,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--tiny", action="store_true",
         help="smoke-test preset: depth 2, width 32, images 32 and 48 px, batch 2, max batch 8",
     )
+    parser.add_argument(
+        "--compile-teacher", action="store_true",
+        help="run every distilling method's frozen teacher through torch.compile (CompiledQK)",
+    )
     parser.add_argument("--alpha", type=float, default=1.0, help="penalty weight (default 1)")
     parser.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (default 3)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps (default 10)")
@@ -616,7 +634,9 @@ def _write_json(path: Path, environment: dict, args: argparse.Namespace, checks,
 
 def time_method(args: argparse.Namespace, method: str, image_size: int, batch: int) -> Result:
     """Step time and peak memory of one method at one image size (a fresh student and teacher)."""
-    trainer = build_trainer(method, args.model, args.model_kwargs, image_size, args.alpha, args.device)
+    trainer = build_trainer(
+        method, args.model, args.model_kwargs, image_size, args.alpha, args.device, args.compile_teacher
+    )
     result = Result(image_size, _tokens(trainer.model), method, batch)
     try:
         result.step_ms, result.peak_gib = time_steps(trainer, batch, image_size, args.warmup_steps, args.steps)
@@ -640,7 +660,10 @@ def search_start(result: Result, device: torch.device) -> int:
 
 def search_method(args: argparse.Namespace, result: Result, deadline: float) -> None:
     """Fill ``result.max_batch`` by a batch search on a fresh student and teacher."""
-    trainer = build_trainer(result.method, args.model, args.model_kwargs, result.image_size, args.alpha, args.device)
+    trainer = build_trainer(
+        result.method, args.model, args.model_kwargs, result.image_size, args.alpha, args.device,
+        args.compile_teacher,
+    )
     timed = result.step_ms is not None
     result.max_batch, result.max_batch_exact = largest_batch(
         lambda batch: batch_fits(trainer, batch, result.image_size, args.probe_steps),
@@ -708,7 +731,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for image_size in args.image_sizes:
             check = check_penalties(
                 args.methods, args.model, args.model_kwargs, image_size, args.check_batch,
-                args.alpha, args.check_rtol, args.device,
+                args.alpha, args.check_rtol, args.device, args.compile_teacher,
             )
             checks.append(check)
             print(format_check(check), flush=True)

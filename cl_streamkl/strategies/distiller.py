@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import math
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from numbers import Real
 from typing import Any
@@ -31,6 +31,7 @@ from torch import nn
 
 from cl_streamkl.attention_kl import attention_kl
 from cl_streamkl.capture import LayerSpec, QKCapture
+from cl_streamkl.compiled_capture import CompiledQK, TeacherQK, check_compile_options
 from cl_streamkl.kernels.validation import check_options
 
 __all__ = ["AttentionDistiller", "frozen_copy"]
@@ -128,6 +129,13 @@ class AttentionDistiller:
             block indices (negative allowed), as in timm's ``forward_intermediates``.
         temperature: softmax temperature of both attention distributions, > 0.
         backend: ``attention_kl`` backend: ``"auto"``, ``"triton"`` or ``"torch"``.
+        compile_teacher: run the teacher's forward through ``torch.compile``
+            (:class:`~cl_streamkl.compiled_capture.CompiledQK`): ``True``, or a mapping of
+            ``torch.compile`` keyword arguments. The compiled forward skips everything
+            the selected Q/K do not need; its first call per input shape is checked
+            against the eager capture. Needs attention that calls
+            ``F.scaled_dot_product_attention`` once per block in block order (timm's
+            fused attention). An execution choice: not part of :meth:`state_dict`.
 
     Attributes:
         teacher_updates: how many times :meth:`update_teacher` has run (restored by
@@ -143,8 +151,10 @@ class AttentionDistiller:
         layers: LayerSpec = "all",
         temperature: float = 1.0,
         backend: str = "auto",
+        compile_teacher: bool | Mapping[str, Any] = False,
     ) -> None:
         self.alpha = _check_alpha(alpha)
+        self.compile_options = check_compile_options(compile_teacher)
         check_options(
             scale=None, teacher_scale=None, temperature=temperature, causal=False, reduction="mean", backend=backend
         )
@@ -153,6 +163,7 @@ class AttentionDistiller:
         self.layers: LayerSpec = _check_layers(layers)
         self.teacher_updates = 0
         self._teacher: nn.Module | None = None
+        self._compiled_teacher: CompiledQK | None = None
         self._pending_teacher: dict[str, torch.Tensor] | None = None
 
     @property
@@ -185,9 +196,9 @@ class AttentionDistiller:
             The new teacher.
         """
         self.validate(model)
-        self._teacher = None
+        self._set_teacher(None)
         self._pending_teacher = None
-        self._teacher = frozen_copy(model)
+        self._set_teacher(frozen_copy(model))
         self.teacher_updates += 1
         return self._teacher
 
@@ -195,21 +206,30 @@ class AttentionDistiller:
         """A :class:`QKCapture` of ``model`` for the selected layers (enter it around the forward)."""
         return QKCapture(model, self.layers)
 
-    def teacher_qk(self, x: Any) -> QKCapture:
-        """Run the teacher on ``x`` under ``torch.no_grad()`` and return its capture.
+    def _set_teacher(self, teacher: nn.Module | None) -> None:
+        self._teacher = teacher
+        self._compiled_teacher = None
+        if teacher is not None and self.compile_options is not None:
+            self._compiled_teacher = CompiledQK(teacher, self.layers, self.compile_options)
+
+    def teacher_qk(self, x: Any) -> TeacherQK:
+        """Run the teacher on ``x`` under ``torch.no_grad()`` and return its Q/K.
 
         The forward stops once every selected block's attention has run (the teacher's
-        output is never needed), so distilling early blocks costs only that far.
+        output is never needed), so distilling early blocks costs only that far. With
+        ``compile_teacher`` it is the compiled forward, which prunes the same work.
 
         Raises:
-            RuntimeError: there is no teacher.
+            RuntimeError: there is no teacher, or the compiled teacher's first-call check
+                against the eager capture failed.
         """
         teacher = self._require_teacher()
-        # Only the teacher's Q/K are needed: its forward ends after the last selected block's attention.
+        if self._compiled_teacher is not None:
+            return self._compiled_teacher(x)
         capture = QKCapture(teacher, self.layers, stop_early=True)
         with torch.no_grad(), capture:
             teacher(x)
-        return capture
+        return TeacherQK(qk=capture.qk, scales=capture.scales)
 
     def penalty(
         self,
@@ -304,7 +324,7 @@ class AttentionDistiller:
         with torch.no_grad():
             for name, target in targets.items():
                 target.copy_(saved[name])
-        self._teacher = teacher
+        self._set_teacher(teacher)
         self._pending_teacher = None
 
     def _config(self) -> dict[str, Any]:
@@ -361,7 +381,7 @@ class AttentionDistiller:
         ):
             raise ValueError("state['teacher'] must be None or a dict of tensors")
         self.teacher_updates = int(state["teacher_updates"])
-        self._teacher = None
+        self._set_teacher(None)
         self._pending_teacher = dict(teacher) if teacher is not None else None
         if model is not None:
             self.attach(model)
@@ -369,5 +389,6 @@ class AttentionDistiller:
     def __repr__(self) -> str:
         return (
             f"AttentionDistiller(alpha={self.alpha}, layers={self.layers!r}, temperature={self.temperature}, "
-            f"backend={self.backend!r}, teacher_updates={self.teacher_updates})"
+            f"backend={self.backend!r}, compile_teacher={self.compile_options is not None}, "
+            f"teacher_updates={self.teacher_updates})"
         )

@@ -1,0 +1,227 @@
+"""The Q/K of a frozen model's blocks from one ``torch.compile``'d, gradient-free forward.
+
+:class:`QKCapture` reads Q/K with hooks and a ``TorchFunctionMode`` that runs in Python
+on every call, which ``torch.compile`` cannot see through. A distillation *teacher* is
+frozen, runs without gradients and only its Q/K are needed, so it is the ideal compile
+target: :class:`CompiledQK` compiles one function that runs the model under a small
+recording mode (Dynamo traces the mode into the graph) and returns the ``query`` and
+``key`` of every ``F.scaled_dot_product_attention`` call. The model's output is never
+returned, so the compiler drops everything the selected Q/K do not depend on: the head,
+the last block's attention and MLP, and every block after the last selected one.
+
+Trust but verify: the first call for each input signature (shape, dtype, device,
+autocast state) also runs the eager :class:`QKCapture` and compares. The compiled
+function maps the i-th attention call of the forward to block i, which holds for timm's
+ViT/DeiT/EVA but not for every model; the comparison turns a mismatch (or attention that
+does not call ``F.scaled_dot_product_attention``) into a ``RuntimeError`` instead of a
+wrong penalty.
+
+Example:
+    >>> teacher_qk = CompiledQK(frozen_copy(model), layers="all")
+    >>> with torch.autocast("cuda", dtype=torch.bfloat16):
+    ...     result = teacher_qk(images)
+    >>> q, k = result.qk[0]            # block 0, each (B, H, N, D)
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from cl_streamkl.capture import LayerSpec, QKCapture, find_attention_modules, resolve_layer_indices
+
+__all__ = ["CompiledQK", "TeacherQK", "check_compile_options"]
+
+# A wrong tensor (another block's, q for k, no rotary/qk-norm) is O(1) away in relative
+# terms; compiled and eager low-precision arithmetic differ by rounding, far below this.
+MATCH_RTOL = 0.1
+
+_SDPA_ARGUMENT_NAMES = ("query", "key")
+
+
+@dataclass(frozen=True)
+class TeacherQK:
+    """Q/K of the selected blocks of one forward.
+
+    Attributes:
+        qk: per selected block (ascending), q (B, H, Nq, D) and k (B, H, Nk, D).
+        scales: the softmax scale each of those blocks applies to ``q kᵀ``.
+    """
+
+    qk: list[tuple[torch.Tensor, torch.Tensor]]
+    scales: list[float]
+
+
+def check_compile_options(compile_teacher: object) -> dict[str, Any] | None:
+    """Normalise a ``compile_teacher`` argument to ``torch.compile`` keyword arguments.
+
+    Args:
+        compile_teacher: ``False`` (eager teacher), ``True`` (``torch.compile``'s
+            defaults) or a mapping of ``torch.compile`` keyword arguments, e.g.
+            ``{"mode": "max-autotune-no-cudagraphs"}``.
+
+    Returns:
+        ``None`` for an eager teacher, else the keyword arguments.
+
+    Raises:
+        TypeError: not a bool or a mapping, or a key ``torch.compile`` does not take.
+    """
+    if isinstance(compile_teacher, bool):
+        return {} if compile_teacher else None
+    if not isinstance(compile_teacher, Mapping):
+        raise TypeError(
+            "compile_teacher must be a bool or a mapping of torch.compile keyword arguments, "
+            f"got {type(compile_teacher).__name__}"
+        )
+    accepted = set(inspect.signature(torch.compile).parameters) - {"model"}
+    unknown = sorted(str(key) for key in compile_teacher if key not in accepted)
+    if unknown:
+        raise TypeError(f"compile_teacher has keys torch.compile does not take: {unknown}; it takes {sorted(accepted)}")
+    return dict(compile_teacher)
+
+
+class _AttentionRecorder(TorchFunctionMode):
+    """Appends ``(query, key)`` of every ``F.scaled_dot_product_attention`` call to a list.
+
+    Kept minimal on purpose: Dynamo inlines ``__torch_function__`` for every torch call
+    of the forward, so anything here becomes part of the traced program.
+    """
+
+    def __init__(self, records: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        super().__init__()
+        self.records = records
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            positional = dict(zip(_SDPA_ARGUMENT_NAMES, args))
+            self.records.append((kwargs.get("query", positional.get("query")), kwargs.get("key", positional.get("key"))))
+        return func(*args, **kwargs)
+
+
+def _recorded_qk(
+    model: nn.Module, x: torch.Tensor, block_indices: tuple[int, ...]
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
+    """The recorded (query, key) of the blocks ``block_indices``, and how many calls there were.
+
+    A module-level function taking the model as an argument: Dynamo lifts the weights to
+    graph inputs, so every teacher of one architecture reuses one compiled graph instead
+    of spending the per-function recompile limit on each new snapshot.
+    """
+    records: list[tuple[torch.Tensor, torch.Tensor]] = []
+    with _AttentionRecorder(records):
+        model(x)
+    # Only the selected Q/K leave the graph, so the compiler prunes the rest.
+    return [records[i] for i in block_indices if i < len(records)], len(records)
+
+
+def _input_signature(x: torch.Tensor) -> tuple:
+    autocast = torch.is_autocast_enabled(x.device.type)
+    autocast_dtype = torch.get_autocast_dtype(x.device.type) if autocast else None
+    return (tuple(x.shape), x.dtype, x.device, autocast, autocast_dtype)
+
+
+def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    difference = torch.linalg.vector_norm((actual - expected).double())
+    size = torch.linalg.vector_norm(expected.double())
+    return float(difference / size) if size > 0 else float(difference)
+
+
+class CompiledQK:
+    """Q/K of selected blocks from a ``torch.compile``'d forward of a frozen model.
+
+    Always runs under ``torch.no_grad()``: the Q/K carry no autograd graph. The model must
+    not change afterwards (compiled code may hold derived copies of its weights); build a
+    new ``CompiledQK`` for a new model.
+
+    Args:
+        model: a vision transformer whose attention calls
+            ``F.scaled_dot_product_attention`` once per block, in block order (timm ViT,
+            DeiT, DeiT-3, EVA with fused attention).
+        layers: ``"all"``, an int n (the last n blocks) or a list of block indices.
+        compile_options: keyword arguments for ``torch.compile`` (``None``: defaults).
+
+    Attributes:
+        block_indices: resolved absolute block indices, ascending.
+        max_check_error: the largest relative difference between compiled and eager Q/K
+            seen by the first-call checks so far (``None`` before the first call).
+
+    Raises:
+        TypeError: the model has no capturable attention, or bad ``compile_options``.
+        ValueError: the layer selection does not fit the model.
+    """
+
+    def __init__(self, model: nn.Module, layers: LayerSpec = "all", compile_options: Mapping[str, Any] | None = None):
+        options = check_compile_options(dict(compile_options) if compile_options is not None else True)
+        self.model = model
+        self.layers = layers
+        self.num_blocks = len(find_attention_modules(model))
+        self.block_indices = resolve_layer_indices(layers, self.num_blocks)
+        self.max_check_error: float | None = None
+        self._scales: list[float] | None = None
+        self._checked: set[tuple] = set()
+        self._compiled = torch.compile(_recorded_qk, **options)
+
+    def __call__(self, x: torch.Tensor) -> TeacherQK:
+        """Run the compiled forward on ``x`` (checked against eager on a new signature).
+
+        Args:
+            x: the model's input, e.g. images (B, 3, S, S).
+
+        Returns:
+            The selected blocks' Q/K and scales.
+
+        Raises:
+            TypeError: ``x`` is not a tensor.
+            RuntimeError: on a first call, the compiled Q/K do not match the eager
+                capture (the message says how).
+        """
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"CompiledQK needs a tensor input, got {type(x).__name__}")
+        with torch.no_grad():
+            qk, calls = self._compiled(self.model, x, tuple(self.block_indices))
+            signature = _input_signature(x)
+            if signature not in self._checked:
+                self._check_against_eager(x, qk, calls)
+                self._checked.add(signature)
+        return TeacherQK(qk=list(qk), scales=list(self._scales))
+
+    def _check_against_eager(self, x: torch.Tensor, qk: list, calls: int) -> None:
+        capture = QKCapture(self.model, self.layers, stop_early=True)
+        with capture:
+            self.model(x)
+        model_name = type(self.model).__name__
+        if calls < self.num_blocks:
+            raise RuntimeError(
+                f"compiled teacher: {model_name} made {calls} F.scaled_dot_product_attention calls for "
+                f"{self.num_blocks} attention blocks; CompiledQK needs attention that calls it once per block "
+                "(timm: fused attention). Use the eager teacher (compile_teacher=False)."
+            )
+        errors = []
+        for block, (q, k), (q_eager, k_eager) in zip(self.block_indices, qk, capture.qk):
+            if q.shape != q_eager.shape or k.shape != k_eager.shape:
+                raise RuntimeError(
+                    f"compiled teacher: block {block} gave q {tuple(q.shape)}, k {tuple(k.shape)} but the eager "
+                    f"capture q {tuple(q_eager.shape)}, k {tuple(k_eager.shape)}; the model's attention calls do "
+                    "not run in block order. Use the eager teacher (compile_teacher=False)."
+                )
+            errors.append((block, max(_relative_error(q, q_eager), _relative_error(k, k_eager))))
+        worst_block, worst = max(errors, key=lambda item: item[1])
+        if not worst <= MATCH_RTOL:
+            raise RuntimeError(
+                f"compiled teacher: block {worst_block}'s Q/K differ from the eager capture by {worst:.2e} "
+                f"(relative; allowed {MATCH_RTOL}); the model's attention calls do not run in block order. "
+                "Use the eager teacher (compile_teacher=False)."
+            )
+        self.max_check_error = max(worst, self.max_check_error or 0.0)
+        self._scales = capture.scales
+
+    def __repr__(self) -> str:
+        return f"CompiledQK(blocks={self.block_indices}, checked_signatures={len(self._checked)})"
