@@ -33,6 +33,7 @@ Example:
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Protocol, Union
 
@@ -40,6 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
+
+from cl_streamkl.graph_capture import GraphReadRegistry, grad_signature, product_from_graph
 
 __all__ = [
     "LayerSpec",
@@ -73,6 +76,9 @@ that module calls ``record(q, k, scale)`` exactly once, and returns handles whos
 ``remove()`` undoes everything (they are removed even when the forward raised)."""
 
 _EXTRACTORS: dict[type, QKExtractor] = {}
+# Modules whose full watch matched a read of the autograd graph: their later forwards
+# under the same requires_grad settings skip the (host-expensive) TorchFunctionMode.
+_GRAPH_READS = GraphReadRegistry()
 
 _MUL_FUNCS = frozenset({torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__, torch.mul})
 _MATMUL_FUNCS = frozenset({torch.Tensor.matmul, torch.Tensor.__matmul__, torch.matmul})
@@ -213,8 +219,8 @@ class _ProductWatcher(TorchFunctionMode):
         if id(a) in self.scaled and id(b) in self.transposed:
             self.found.append((self.scaled[id(a)][1], self.transposed[id(b)][1], self._module_scale()))
 
-    def finish(self) -> None:
-        """Check the forward produced exactly one score product and record it."""
+    def finish(self) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """Check the forward produced exactly one score product, record and return it."""
         found = self.found
         self._reset()
         if len(found) != 1:
@@ -230,6 +236,7 @@ class _ProductWatcher(TorchFunctionMode):
                 "expected (B, H, Nq, D) and (B, H, Nk, D)"
             )
         self.record(q, k, scale)
+        return q, k, scale
 
 
 class _WatcherHandle:
@@ -246,6 +253,18 @@ class _WatcherHandle:
         self.handles = []
 
 
+_PARAMETERS: weakref.WeakKeyDictionary[nn.Module, list[nn.Parameter]] = weakref.WeakKeyDictionary()
+
+
+def _parameters_of(module: nn.Module) -> list[nn.Parameter]:
+    # Listing parameters walks every submodule; captures are entered once per step, so cache.
+    # A module whose parameters are swapped later only loses the graph fast path's
+    # signature match (a forward it cannot read raises), never gets wrong Q/K.
+    if module not in _PARAMETERS:
+        _PARAMETERS[module] = list(module.parameters())
+    return _PARAMETERS[module]
+
+
 def attention_product_extractor(module: nn.Module, record: RecordQK) -> list[_Removable]:
     """The default extractor: watch the module's forward for its score product.
 
@@ -255,6 +274,12 @@ def attention_product_extractor(module: nn.Module, record: RecordQK) -> list[_Re
     ``RuntimeError`` naming the module type if it does not contain exactly one such
     product, or if it passes an attention mask / ``is_causal=True``.
 
+    Watching costs host time on every torch call of the forward. So when a watched
+    forward that recorded an autograd graph shows that graph holding the same product
+    (one ``scaled_dot_product_attention`` node that saved the same ``q`` and ``k``
+    objects; see :mod:`cl_streamkl.graph_capture`), later forwards of that module with
+    the same ``requires_grad`` settings are read from their graph instead, unwatched.
+
     Args:
         module: the attention module.
         record: called with ``(q, k, scale)`` after each successful forward.
@@ -263,20 +288,40 @@ def attention_product_extractor(module: nn.Module, record: RecordQK) -> list[_Re
         One handle whose ``remove()`` removes the hooks.
     """
     watcher = _ProductWatcher(module, record)
+    parameters = _parameters_of(module)
+    pending: dict[str, object] = {}
 
-    def before(_module: nn.Module, _args: tuple) -> None:
-        watcher.start()
+    def before(_module: nn.Module, args: tuple, kwargs: dict) -> None:
+        inputs = (*args, *kwargs.values())
+        signature = grad_signature(parameters, inputs)
+        from_graph = _GRAPH_READS.allows(module, signature)
+        pending.update(inputs=inputs, signature=signature, from_graph=from_graph)
+        if not from_graph:
+            watcher.start()
 
-    def after(_module: nn.Module, _args: tuple, output: object) -> None:
+    def after(_module: nn.Module, _args: tuple, _kwargs: dict, output: object) -> None:
         watcher.stop()
+        inputs, signature, from_graph = pending.pop("inputs"), pending.pop("signature"), pending.pop("from_graph")
         # With always_call=True this also runs when the forward raised (output is None);
         # then only leaving the mode matters and the original error propagates.
-        if output is not None:
-            watcher.finish()
+        if output is None:
+            return
+        if not from_graph:
+            _GRAPH_READS.verify(module, signature, watcher.finish(), output, inputs)
+            return
+        product = product_from_graph(output, inputs)
+        if product is None:
+            _GRAPH_READS.forget(module)
+            raise watcher._fail(
+                "this forward left no single scaled_dot_product_attention node in the autograd graph, "
+                "unlike earlier forwards with the same requires_grad settings; the next forward is "
+                "watched in full again"
+            )
+        watcher.record(*product)
 
     handles = [
-        module.register_forward_pre_hook(before),
-        module.register_forward_hook(after, always_call=True),
+        module.register_forward_pre_hook(before, with_kwargs=True),
+        module.register_forward_hook(after, with_kwargs=True, always_call=True),
     ]
     return [_WatcherHandle(watcher, handles)]
 

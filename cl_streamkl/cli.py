@@ -120,6 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="attention softmax temperature for the KL (default: %(default)s)")
     kl.add_argument("--kl-backend", choices=("auto", "torch", "triton"), default=d.kl_backend,
                     help="attention_kl backend (default: %(default)s: triton on CUDA)")
+    kl.add_argument("--compile-teacher", action="store_true",
+                    help="run the frozen teacher through torch.compile (faster steps after a one-off compile)")
     kl.add_argument("--lwf-alpha", type=float, default=d.lwf_alpha, help="LwF weight (default: %(default)s)")
     kl.add_argument("--lwf-temperature", type=float, default=d.lwf_temperature, help="(default: %(default)s)")
     kl.add_argument("--ewc-lambda", type=float, default=d.ewc_lambda, help="(default: %(default)s)")

@@ -60,6 +60,7 @@ class ExperimentConfig:
     layers: Layers = "all"
     temperature: float = 0.5
     kl_backend: str = "auto"
+    compile_teacher: bool = False
     lwf_alpha: float = 1.0
     lwf_temperature: float = 2.0
     ewc_lambda: float = 100.0
@@ -111,6 +112,8 @@ class ExperimentConfig:
             raise ValueError("lr, temperature and lwf_temperature must be > 0")
         if cfg.alpha < 0 or cfg.lwf_alpha < 0 or cfg.ewc_lambda < 0 or cfg.mem_size < 0:
             raise ValueError("alpha, lwf_alpha, ewc_lambda and mem_size must be >= 0")
+        if not isinstance(cfg.compile_teacher, bool):
+            raise ValueError(f"compile_teacher must be true or false; got {cfg.compile_teacher!r}")
         return cfg
 
     def to_dict(self) -> dict[str, Any]:

@@ -50,5 +50,5 @@ def _streamkl_plugin(config: ExperimentConfig) -> Any:
 
     return StreamKLPlugin(
         alpha=config.alpha, layers=config.layers, temperature=config.temperature,
-        backend=config.kl_backend,
+        backend=config.kl_backend, compile_teacher=config.compile_teacher,
     )

@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -54,6 +55,9 @@ class StreamKLPlugin(SupervisedPlugin):
         layers: ``"all"``, an int n (the last n blocks) or a list of block indices.
         temperature: softmax temperature, > 0.
         backend: ``attention_kl`` backend (``"auto"``, ``"triton"``, ``"torch"``).
+        compile_teacher: run the teacher through ``torch.compile``: ``True`` or a
+            mapping of ``torch.compile`` keyword arguments (see
+            :class:`~cl_streamkl.strategies.distiller.AttentionDistiller`).
 
     Raises:
         TypeError / ValueError: bad arguments here; a model without capturable
@@ -66,9 +70,12 @@ class StreamKLPlugin(SupervisedPlugin):
         layers: LayerSpec = "all",
         temperature: float = 1.0,
         backend: str = "auto",
+        compile_teacher: bool | Mapping[str, Any] = False,
     ) -> None:
         super().__init__()
-        self.distiller = AttentionDistiller(alpha=alpha, layers=layers, temperature=temperature, backend=backend)
+        self.distiller = AttentionDistiller(
+            alpha=alpha, layers=layers, temperature=temperature, backend=backend, compile_teacher=compile_teacher
+        )
         self._capture: QKCapture | None = None
         self._last_penalty: torch.Tensor | float = 0.0
 
@@ -168,4 +175,7 @@ class StreamKLPlugin(SupervisedPlugin):
 
     def __repr__(self) -> str:
         d = self.distiller
-        return f"StreamKLPlugin(alpha={d.alpha}, layers={d.layers!r}, temperature={d.temperature}, backend={d.backend!r})"
+        return (
+            f"StreamKLPlugin(alpha={d.alpha}, layers={d.layers!r}, temperature={d.temperature}, "
+            f"backend={d.backend!r}, compile_teacher={d.compile_options is not None})"
+        )

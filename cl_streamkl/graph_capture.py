@@ -1,0 +1,124 @@
+"""Read the score product of one attention forward from the autograd graph it built.
+
+Watching a forward with a ``TorchFunctionMode`` (see :mod:`cl_streamkl.capture`) sends
+every torch call of that forward through Python; for a ViT-B training step that host
+time showed up as several milliseconds of idle GPU. When the forward records a graph,
+the product is also reachable after the fact: ``F.scaled_dot_product_attention``
+leaves one backward node (flash, efficient, cuDNN or CPU flavour) whose saved
+``query``/``key`` are the very tensor objects it was called with, and whose saved
+``scale``, ``is_causal`` and ``attn_mask`` say how the scores were formed. Walking
+back from the module's output to its inputs finds that node in a few dozen steps.
+
+:class:`GraphReadRegistry` makes this safe to use instead of the mode: a module is read
+from the graph only under conditions (which parameters and inputs require grad) in which
+a full watch of an earlier forward of the same module found *the same* tensor objects.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+__all__ = ["GraphReadRegistry", "grad_signature", "product_from_graph"]
+
+# Between an attention module's output and its inputs there are about ten nodes plus the
+# weights' accumulators; a walk that goes much further has left the module.
+MAX_NODES = 256
+
+
+def _tensors(values: Iterable[object]) -> list[torch.Tensor]:
+    found = []
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            found.append(value)
+        elif isinstance(value, (tuple, list)):
+            found.extend(_tensors(value))
+    return found
+
+
+def grad_signature(parameters: Iterable[torch.Tensor], inputs: Iterable[object]) -> tuple[bool, ...] | None:
+    """Which of a module's parameters and tensor inputs require grad, or ``None``.
+
+    ``None`` when autograd records nothing (grad mode off): there is no graph to read.
+    """
+    if not torch.is_grad_enabled():
+        return None
+    return tuple(p.requires_grad for p in parameters) + tuple(t.requires_grad for t in _tensors(inputs))
+
+
+def product_from_graph(
+    outputs: object, inputs: Iterable[object]
+) -> tuple[torch.Tensor, torch.Tensor, float] | None:
+    """``(q, k, scale)`` of the one attention product between ``inputs`` and ``outputs``.
+
+    Args:
+        outputs: the module's output (a tensor or a tuple/list holding tensors).
+        inputs: the module's positional and keyword argument values.
+
+    Returns:
+        The ``query`` and ``key`` the single ``scaled_dot_product_attention`` node saved
+        and its softmax scale (``D**-0.5`` when it used the default), or ``None`` when
+        there is not exactly one such node, it had a mask or ``is_causal=True``, or the
+        walk left the module.
+    """
+    stops = {t.grad_fn for t in _tensors(inputs) if t.grad_fn is not None}
+    pending = [t.grad_fn for t in _tensors([outputs]) if t.grad_fn is not None]
+    seen: set = set()
+    found = []
+    while pending:
+        node = pending.pop()
+        if node is None or node in stops or node in seen:
+            continue
+        seen.add(node)
+        if len(seen) > MAX_NODES:
+            return None
+        if hasattr(node, "_saved_query") and hasattr(node, "_saved_key"):
+            found.append(node)
+            continue
+        pending.extend(next_node for next_node, _ in node.next_functions)
+    if len(found) != 1:
+        return None
+    node = found[0]
+    mask = getattr(node, "_saved_attn_mask", None)
+    bias = getattr(node, "_saved_attn_bias", None)
+    if isinstance(mask, torch.Tensor) or isinstance(bias, torch.Tensor) or getattr(node, "_saved_is_causal", False):
+        return None
+    q, k = node._saved_query, node._saved_key
+    scale = getattr(node, "_saved_scale", None)
+    return q, k, float(scale) if scale is not None else q.shape[-1] ** -0.5
+
+
+class GraphReadRegistry:
+    """Remembers under which grad signatures each module may be read from the graph.
+
+    Keyed weakly by module, so a dropped model leaves nothing behind.
+    """
+
+    def __init__(self) -> None:
+        self._verified: weakref.WeakKeyDictionary[nn.Module, set[tuple[bool, ...]]] = weakref.WeakKeyDictionary()
+
+    def allows(self, module: nn.Module, signature: tuple[bool, ...] | None) -> bool:
+        """Whether a forward of ``module`` under ``signature`` may be read from the graph."""
+        return signature is not None and signature in self._verified.get(module, ())
+
+    def verify(
+        self,
+        module: nn.Module,
+        signature: tuple[bool, ...] | None,
+        watched: tuple[torch.Tensor, torch.Tensor, float],
+        outputs: object,
+        inputs: Iterable[object],
+    ) -> None:
+        """Allow ``signature`` if the graph yields exactly what the full watch ``watched`` found."""
+        if signature is None:
+            return
+        read = product_from_graph(outputs, inputs)
+        if read is not None and read[0] is watched[0] and read[1] is watched[1] and read[2] == watched[2]:
+            self._verified.setdefault(module, set()).add(signature)
+
+    def forget(self, module: nn.Module) -> None:
+        """Watch every later forward of ``module`` in full until it is verified again."""
+        self._verified.pop(module, None)
