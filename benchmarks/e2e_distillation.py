@@ -16,6 +16,10 @@ One more method on request (``--methods``), to take (c) apart:
 * ``teacher`` — (t) what (c) does except the penalty: the student's Q/K capture and the
   teacher's forward, but a zero penalty. (c) − (t) is the cost of the twelve penalties.
 
+With ``--compile-teacher`` every distilling method, (b) included, gets the frozen teacher
+through ``torch.compile`` (``AttentionDistiller(compile_teacher=True)``); (a) has no
+teacher and is unchanged.
+
 The penalty is ``alpha`` times the mean over blocks of the row-averaged
 KL(P_teacher ‖ P_student); the teacher is a frozen snapshot of the student taken before
 the first step.
@@ -719,6 +723,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     environment = describe_environment(args.device, args.commit)
     print(" | ".join(f"{key} {value}" for key, value in environment.items()), flush=True)
+    print(f"teacher: {'torch.compile' if args.compile_teacher else 'eager'}", flush=True)
     checks: list[PenaltyCheck] = []
     results: list[Result] = []
 
