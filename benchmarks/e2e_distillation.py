@@ -69,6 +69,7 @@ from torch import nn
 from bench_attention_kl import KL_IMPLEMENTATIONS, describe_environment, eager_attention_kl, free_memory
 from cl_streamkl import attention_kl_reference
 from cl_streamkl.capture import QKCapture
+from cl_streamkl.compiled_capture import TeacherQK
 from cl_streamkl.strategies.distiller import AttentionDistiller, frozen_copy
 
 METHODS = ("none", "eager", "triton", "torch")
@@ -148,6 +149,7 @@ class EagerAttentionDistiller(AttentionDistiller):
         student_qk: Sequence[tuple[torch.Tensor, torch.Tensor]],
         *,
         student_scales: Sequence[float] | None = None,
+        teacher: TeacherQK | None = None,
     ) -> torch.Tensor:
         """``alpha`` · mean over blocks of the row-mean KL(P_teacher ‖ P_student).
 
@@ -155,8 +157,9 @@ class EagerAttentionDistiller(AttentionDistiller):
             x: the images the student saw, (B, 3, S, S).
             student_qk: per block (q, k), each (B, H, N, D), from :meth:`student_capture`.
             student_scales: per block softmax scale (``capture.scales``); None: D**-0.5.
+            teacher: ``teacher_qk(x)`` if already run, else None (run here).
         """
-        teacher_capture = self.teacher_qk(x)
+        teacher_capture = self.teacher_qk(x) if teacher is None else teacher
         scales = [None] * len(student_qk) if student_scales is None else student_scales
         per_block = [
             eager_attention_kl(q, k, q_teacher, k_teacher, scale=scale, teacher_scale=teacher_scale)
@@ -176,9 +179,11 @@ class TeacherOnlyDistiller(AttentionDistiller):
         student_qk: Sequence[tuple[torch.Tensor, torch.Tensor]],
         *,
         student_scales: Sequence[float] | None = None,
+        teacher: TeacherQK | None = None,
     ) -> torch.Tensor:
-        """Zero (on ``x``'s device), after the teacher's forward on ``x``."""
-        self.teacher_qk(x)
+        """Zero (on ``x``'s device), after the teacher's forward on ``x`` unless ``teacher`` is given."""
+        if teacher is None:
+            self.teacher_qk(x)
         return torch.zeros((), device=x.device)
 
 
@@ -217,9 +222,11 @@ class Trainer:
             if self.distiller is None:
                 loss = F.cross_entropy(self.model(images), labels)
             else:
+                # The plugin's order: teacher first, so its GPU work overlaps the student's forward.
+                teacher = self.distiller.teacher_qk(images)
                 with self.distiller.student_capture(self.model) as capture:
                     logits = self.model(images)
-                penalty = self.distiller.penalty(images, capture.qk, student_scales=capture.scales)
+                penalty = self.distiller.penalty(images, capture.qk, student_scales=capture.scales, teacher=teacher)
                 loss = F.cross_entropy(logits, labels) + penalty
         loss.backward()
         self.optimizer.step()

@@ -4,10 +4,10 @@ Each callback does one thing:
 
 * ``before_training``: validate the model against the layer selection and rebuild a
   teacher restored by :meth:`StreamKLPlugin.load_state_dict`;
-* ``before_forward`` / ``after_forward``: hook the student's attention around the
-  strategy's own forward, so the student runs once and its Q/K keep their graph;
-* ``before_backward``: run the teacher on ``strategy.mb_x`` and add the penalty to
-  ``strategy.loss``;
+* ``before_forward``: run the teacher on ``strategy.mb_x`` (first, so its GPU work
+  overlaps the student's launch-bound forward) and hook the student's attention;
+* ``after_forward``: unhook, so the student runs once and its Q/K keep their graph;
+* ``before_backward``: add the penalty to ``strategy.loss``;
 * ``after_training_exp``: snapshot the model as the next teacher.
 
 Example:
@@ -31,6 +31,7 @@ from avalanche.training.plugins import SupervisedPlugin
 from torch import nn
 
 from cl_streamkl.capture import LayerSpec, QKCapture
+from cl_streamkl.compiled_capture import TeacherQK
 from cl_streamkl.strategies.distiller import AttentionDistiller
 
 if TYPE_CHECKING:
@@ -77,6 +78,7 @@ class StreamKLPlugin(SupervisedPlugin):
             alpha=alpha, layers=layers, temperature=temperature, backend=backend, compile_teacher=compile_teacher
         )
         self._capture: QKCapture | None = None
+        self._teacher_qk: TeacherQK | None = None
         self._last_penalty: torch.Tensor | float = 0.0
 
     @property
@@ -104,6 +106,10 @@ class StreamKLPlugin(SupervisedPlugin):
     def before_forward(self, strategy: SupervisedTemplate, *args: Any, **kwargs: Any) -> None:
         self._close_capture()
         if self.distiller.teacher is not None:
+            if self.distiller.alpha > 0.0:
+                # Teacher first: its queued GPU work keeps the device busy while the host
+                # issues the student's (launch-bound) forward.
+                self._teacher_qk = self.distiller.teacher_qk(strategy.mb_x)
             self._capture = self.distiller.student_capture(strategy.model)
             self._capture.__enter__()
 
@@ -117,7 +123,8 @@ class StreamKLPlugin(SupervisedPlugin):
             self._last_penalty = 0.0
             return
         self._capture = None
-        penalty = self.distiller.penalty(strategy.mb_x, capture.qk, student_scales=capture.scales)
+        teacher, self._teacher_qk = self._teacher_qk, None
+        penalty = self.distiller.penalty(strategy.mb_x, capture.qk, student_scales=capture.scales, teacher=teacher)
         capture.clear()
         strategy.loss += penalty
         self._last_penalty = penalty.detach()
@@ -133,6 +140,7 @@ class StreamKLPlugin(SupervisedPlugin):
         self._close_capture()
 
     def _close_capture(self) -> None:
+        self._teacher_qk = None
         if self._capture is not None:
             self._capture.remove_hooks()
             self._capture.clear()
