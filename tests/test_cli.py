@@ -157,3 +157,17 @@ def test_help_lists_strategies_and_datasets(capsys):
     text = capsys.readouterr().out
     for word in ["replay+streamkl", "tiny-imagenet", "--resume", "--image-size", "--amp"]:
         assert word in text
+
+
+def test_compile_teacher_flag_reaches_the_plugin():
+    from cl_streamkl.cli import _config_from_args, build_parser
+    from cl_streamkl.experiment.strategies import build_plugins
+
+    args = build_parser().parse_args(["run", *TINY, "--strategies", "streamkl", "--compile-teacher"])
+    config = _config_from_args(args).resolved()
+    assert config.compile_teacher is True
+    assert build_plugins("streamkl", config, None, 0)["streamkl"].distiller.compile_options == {}
+    default = _config_from_args(build_parser().parse_args(["run", *TINY])).resolved()
+    assert build_plugins("streamkl", default, None, 0)["streamkl"].distiller.compile_options is None
+    with pytest.raises(ValueError, match="compile_teacher must be true or false"):
+        type(config)(compile_teacher="yes").resolved()

@@ -1,0 +1,298 @@
+"""Where a distillation training step spends its time (issue 6).
+
+Two tables, same model and set-up as ``e2e_distillation.py`` (timm ViT-B/16, random
+init, bf16 autocast, AdamW, all 12 blocks distilled):
+
+1. ``--teacher``: one frozen-teacher forward (no grad, all blocks' Q/K) per variant:
+   ``eager-full`` (plain forward, no capture), ``eager`` (the distiller's eager capture),
+   ``compiled`` (``compile_teacher=True``) and, with ``--compile-mode``, a compiled one
+   in that ``torch.compile`` mode. Median time (``triton.testing.do_bench`` on CUDA)
+   and the memory the forward adds, after a first call that is timed separately (compile
+   time).
+2. Per step method: the median wall time of a training step, and on CUDA the summed
+   kernel time per step (torch.profiler), the GPU's idle time (wall − kernels) and the
+   kernel time by category. Methods are ``e2e_distillation``'s (``none``, ``teacher``,
+   ``triton``, ...) plus ``capture`` (the student's Q/K capture alone, zero penalty) and
+   ``capture-full`` (the same with every forward watched in full: the graph reads of
+   :mod:`cl_streamkl.graph_capture` disabled). ``--gaps`` also lists, per method, the
+   host operation running in the middle of each GPU idle gap over 50 µs.
+
+Examples::
+
+    PYTHONPATH=.:benchmarks python benchmarks/profile_step.py --teacher --methods none capture triton
+    PYTHONPATH=.:benchmarks python benchmarks/profile_step.py --compile-teacher --methods triton --gaps
+    PYTHONPATH=.:benchmarks python benchmarks/profile_step.py --device cpu --tiny --teacher
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import e2e_distillation as e2e
+from bench_attention_kl import describe_environment, free_memory
+from cl_streamkl import capture as capture_module
+from cl_streamkl.graph_capture import GraphReadRegistry
+from cl_streamkl.strategies.distiller import AttentionDistiller, frozen_copy
+
+CAPTURE_METHODS = ("capture", "capture-full")
+STEP_METHODS = e2e.METHODS + e2e.EXTRA_METHODS + CAPTURE_METHODS
+# Kernel-name fragments, first match wins.
+CATEGORIES = (
+    ("_attention_kl_fwd", "streamkl fwd"),
+    ("_attention_kl_bwd_dq", "streamkl dq"),
+    ("_attention_kl_bwd_dk", "streamkl dk"),
+    ("flash", "sdpa"),
+    ("fmha", "sdpa"),
+    ("sdpa", "sdpa"),
+    ("triton_", "inductor"),
+    ("gemm", "gemm"),
+    ("nvjet", "gemm"),
+    ("cutlass", "gemm"),
+    ("layer_norm", "layernorm"),
+    ("adam", "optimizer"),
+    ("elementwise", "elementwise"),
+    ("reduce", "reduction"),
+    ("copy", "copy"),
+)
+GAP_US = 50.0
+
+
+class CaptureOnlyDistiller(AttentionDistiller):
+    """``capture``: the student's Q/K are captured as in (c), the penalty is zero, no teacher runs."""
+
+    def teacher_qk(self, x: torch.Tensor) -> None:
+        return None
+
+    def penalty(self, x: torch.Tensor, student_qk, *, student_scales=None, teacher=None) -> torch.Tensor:
+        return torch.zeros((), device=x.device)
+
+
+class FullWatchDistiller(CaptureOnlyDistiller):
+    """``capture-full``: as ``capture``, but every forward is watched with the TorchFunctionMode."""
+
+    def student_capture(self, model: nn.Module):
+        capture_module._GRAPH_READS = GraphReadRegistry()
+        return super().student_capture(model)
+
+
+def category(kernel_name: str) -> str:
+    name = kernel_name.lower()
+    return next((label for fragment, label in CATEGORIES if fragment in name), "other")
+
+
+def median_ms(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """Median over ``repeats`` calls, each waited for (do_bench on CUDA)."""
+    if device.type == "cuda":
+        from triton.testing import do_bench
+
+        return do_bench(fn, warmup=25, rep=max(100, 10 * repeats))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e3
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def teacher_rows(args: argparse.Namespace, image_size: int, batch: int) -> list[dict]:
+    """Table 1 at one image size: one row per teacher variant."""
+    device = args.device
+    torch.manual_seed(0)
+    teacher = frozen_copy(e2e.build_model(args.model, args.model_kwargs, image_size, device))
+    images = torch.randn(batch, 3, image_size, image_size, device=device)
+    variants: dict[str, Callable[[], object]] = {}
+
+    def full_forward() -> None:
+        with torch.no_grad():
+            teacher(images)
+
+    variants["eager-full"] = full_forward
+    options = {"eager": False, "compiled": True}
+    if args.compile_mode:
+        options[f"compiled {args.compile_mode}"] = {"mode": args.compile_mode}
+    for name, compile_teacher in options.items():
+        distiller = AttentionDistiller(layers="all", compile_teacher=compile_teacher)
+        distiller._set_teacher(teacher)
+        variants[name] = lambda distiller=distiller: distiller.teacher_qk(images)
+    rows = []
+    for name, forward in variants.items():
+
+        def run(forward=forward) -> None:
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                forward()
+
+        start = time.perf_counter()
+        run()
+        _sync(device)
+        first_s = time.perf_counter() - start
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+        ms = median_ms(run, device, args.steps)
+        extra = (torch.cuda.max_memory_allocated(device) - base) / 2**30 if device.type == "cuda" else None
+        rows.append({"image_size": image_size, "batch": batch, "teacher": name, "first_call_s": first_s,
+                     "ms": ms, "extra_peak_gib": extra})
+        print(f"teacher {image_size}px × {batch} {name}: {ms:.2f} ms (first call {first_s:.1f} s)", flush=True)
+    return rows
+
+
+def build_step_trainer(args: argparse.Namespace, method: str, image_size: int) -> e2e.Trainer:
+    if method not in CAPTURE_METHODS:
+        return e2e.build_trainer(
+            method, args.model, args.model_kwargs, image_size, 1.0, args.device, args.compile_teacher
+        )
+    trainer = e2e.build_trainer("none", args.model, args.model_kwargs, image_size, 1.0, args.device)
+    distiller_class = FullWatchDistiller if method == "capture-full" else CaptureOnlyDistiller
+    trainer.distiller = distiller_class(layers="all")
+    trainer.distiller.update_teacher(trainer.model)
+    return trainer
+
+
+def profiled_steps(trainer: e2e.Trainer, images, labels, steps: int, trace_path: Path) -> list[dict]:
+    """Chrome-trace events of ``steps`` training steps (CPU ops and CUDA kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as profiler:
+        for _ in range(steps):
+            trainer.step(images, labels)
+        torch.cuda.synchronize()
+    profiler.export_chrome_trace(str(trace_path))
+    return json.loads(trace_path.read_text())["traceEvents"]
+
+
+def gpu_gaps(kernels: Sequence[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Intervals (µs) between the end of all earlier kernels and the start of the next one."""
+    gaps, busy_until = [], kernels[0][0]
+    for start, end in kernels:
+        if start > busy_until:
+            gaps.append((busy_until, start))
+        busy_until = max(busy_until, end)
+    return gaps
+
+
+def gap_causes(events: list[dict], gaps: Sequence[tuple[float, float]]) -> collections.Counter:
+    """ms of GPU idle per innermost host op running at each long gap's midpoint."""
+    host_ops = [e for e in events if e.get("cat") in ("cpu_op", "user_annotation") and "dur" in e]
+    causes: collections.Counter = collections.Counter()
+    for start, end in gaps:
+        if end - start <= GAP_US:
+            continue
+        middle = (start + end) / 2
+        running = [e for e in host_ops if e["ts"] <= middle <= e["ts"] + e["dur"]]
+        name = min(running, key=lambda e: e["dur"])["name"] if running else "(no host op)"
+        causes[name[:70]] += (end - start) / 1e3
+    return causes
+
+
+def step_row(args: argparse.Namespace, method: str, image_size: int, batch: int, trace_dir: Path) -> dict:
+    """Table 2, one method: wall median, and on CUDA kernel sums, idle time and categories."""
+    trainer = build_step_trainer(args, method, image_size)
+    images, labels = e2e.random_batch(batch, image_size, trainer.num_classes, args.device)
+    for _ in range(args.warmup_steps):
+        trainer.step(images, labels)
+    _sync(args.device)
+    times = []
+    for _ in range(args.steps):
+        start = time.perf_counter()
+        trainer.step(images, labels)
+        _sync(args.device)
+        times.append(time.perf_counter() - start)
+    row = {"image_size": image_size, "batch": batch, "method": method, "wall_ms": statistics.median(times) * 1e3}
+    if args.device.type == "cuda":
+        events = profiled_steps(trainer, images, labels, args.profile_steps, trace_dir / f"{method}.json")
+        kernels = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "kernel")
+        by_category: collections.Counter = collections.Counter()
+        for event in events:
+            if event.get("cat") == "kernel":
+                by_category[category(event["name"])] += event["dur"] / 1e3 / args.profile_steps
+        row["kernel_ms"] = sum(by_category.values())
+        row["idle_ms"] = row["wall_ms"] - row["kernel_ms"]
+        row["categories"] = dict(by_category.most_common())
+        if args.gaps:
+            causes = gap_causes(events, gpu_gaps(kernels))
+            row["gap_causes_ms_per_step"] = {k: v / args.profile_steps for k, v in causes.most_common(args.gaps)}
+    return row
+
+
+def format_step_row(row: dict) -> str:
+    text = f"step {row['image_size']}px × {row['batch']} {row['method']}: wall {row['wall_ms']:.1f} ms"
+    if "kernel_ms" in row:
+        text += f", kernels {row['kernel_ms']:.1f} ms, GPU idle {row['idle_ms']:.1f} ms\n    "
+        text += ", ".join(f"{name} {ms:.2f}" for name, ms in row["categories"].items())
+    for name, ms in row.get("gap_causes_ms_per_step", {}).items():
+        text += f"\n    idle {ms:6.2f} ms/step while the host ran {name}"
+    return text
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--teacher", action="store_true", help="also time the teacher's forward alone (table 1)")
+    parser.add_argument("--compile-mode", default=None, help="one more compiled teacher variant in this mode")
+    parser.add_argument(
+        "--methods", nargs="*", choices=STEP_METHODS, default=["none", "capture", "teacher", "triton"],
+        help="step methods of table 2 (default: none capture teacher triton; none at all: skip table 2)",
+    )
+    parser.add_argument("--compile-teacher", action="store_true", help="distilling methods use the compiled teacher")
+    parser.add_argument("--image-size", type=int, default=None, help="default 512 (tiny: 32)")
+    parser.add_argument("--batch", type=int, default=None, help="default 16 (tiny: 2)")
+    parser.add_argument("--model", default=e2e.DEFAULT_MODEL)
+    parser.add_argument("--tiny", action="store_true", help="a depth-2, width-32 ViT at 32 px for smoke runs")
+    parser.add_argument("--warmup-steps", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps (and teacher calls on the CPU)")
+    parser.add_argument("--profile-steps", type=int, default=3, help="steps under torch.profiler (CUDA)")
+    parser.add_argument("--gaps", type=int, default=0, metavar="N", help="list the N largest causes of GPU idle")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the rows here")
+    parser.add_argument("--commit", default=None, help="commit to print when the tree has no .git")
+    args = parser.parse_args(argv)
+    args.device = torch.device(args.device)
+    if args.device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda but CUDA is not available; use --device cpu --tiny")
+    args.model_kwargs = dict(e2e.TINY_MODEL_KWARGS) if args.tiny else {}
+    args.image_size = args.image_size or (32 if args.tiny else 512)
+    args.batch = args.batch or (2 if args.tiny else 16)
+    for flag, value in {"--steps": args.steps, "--profile-steps": args.profile_steps, "--batch": args.batch}.items():
+        if value < 1:
+            parser.error(f"{flag} must be positive, got {value}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    environment = describe_environment(args.device, args.commit)
+    print(" | ".join(f"{key} {value}" for key, value in environment.items()), flush=True)
+    result: dict = {"environment": environment, "teacher": [], "steps": []}
+    if args.teacher:
+        result["teacher"] = teacher_rows(args, args.image_size, args.batch)
+        free_memory(args.device)
+    with tempfile.TemporaryDirectory() as trace_dir:
+        for method in args.methods:
+            row = step_row(args, method, args.image_size, args.batch, Path(trace_dir))
+            result["steps"].append(row)
+            print(format_step_row(row), flush=True)
+            free_memory(args.device)
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,174 @@
+"""CompiledQK and compile_teacher: the compiled teacher's Q/K equal the eager capture's."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import timm
+import torch
+from timm.models.vision_transformer import Block
+from torch import nn
+from torch._dynamo.utils import counters
+
+from cl_streamkl.capture import QKCapture
+from cl_streamkl.compiled_capture import CompiledQK, TeacherQK, check_compile_options
+from cl_streamkl.strategies import AttentionDistiller, StreamKLPlugin
+from cl_streamkl.strategies.distiller import frozen_copy
+
+DEPTH = 3
+# Dynamo alone (no code generation): the traced program runs op by op, so results are exact.
+TRACE_ONLY = {"backend": "eager"}
+
+
+def tiny_teacher(arch: str = "vit", seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    name = "vit_tiny_patch16_224" if arch == "vit" else "eva02_tiny_patch14_224"
+    model = timm.create_model(
+        name, pretrained=False, img_size=32, patch_size=8, num_classes=4, depth=DEPTH, embed_dim=64, num_heads=2
+    )
+    return frozen_copy(model)
+
+
+def eager_qk(model: nn.Module, x: torch.Tensor, layers="all") -> QKCapture:
+    with torch.no_grad(), QKCapture(model, layers) as capture:
+        model(x)
+    return capture
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo() -> None:
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("arch", ["vit", "eva"])
+@pytest.mark.parametrize("layers", ["all", [0], [-1], 2])
+@pytest.mark.parametrize("backend", ["eager", "aot_eager"])
+def test_compiled_qk_equals_the_eager_capture(arch: str, layers, backend: str) -> None:
+    teacher, x = tiny_teacher(arch), torch.randn(2, 3, 32, 32)
+    compiled = CompiledQK(teacher, layers, {"backend": backend})
+    result = compiled(x)
+    expected = eager_qk(teacher, x, layers)
+    assert compiled.block_indices == expected.block_indices
+    assert len(result.qk) == len(expected.qk)
+    for (q, k), (q_eager, k_eager) in zip(result.qk, expected.qk):
+        assert q.shape == q_eager.shape and k.shape == k_eager.shape
+        torch.testing.assert_close(q, q_eager, rtol=0, atol=0)
+        torch.testing.assert_close(k, k_eager, rtol=0, atol=0)
+        assert not q.requires_grad
+    assert result.scales == expected.scales
+    assert compiled.max_check_error == 0.0
+
+
+@pytest.mark.skipif(
+    shutil.which("g++") is None and shutil.which("c++") is None, reason="Inductor on CPU needs a C++ compiler"
+)
+def test_inductor_compiled_qk_matches_and_is_checked_once_per_signature(monkeypatch: pytest.MonkeyPatch) -> None:
+    teacher = tiny_teacher()
+    compiled = CompiledQK(teacher, "all")
+    checks = []
+    check = CompiledQK._check_against_eager
+    monkeypatch.setattr(CompiledQK, "_check_against_eager", lambda self, *a: checks.append(1) or check(self, *a))
+    for batch in (2, 2, 3):
+        x = torch.randn(batch, 3, 32, 32)
+        result = compiled(x)
+        for (q, k), (q_eager, k_eager) in zip(result.qk, eager_qk(teacher, x).qk):
+            torch.testing.assert_close(q, q_eager, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(k, k_eager, rtol=1e-5, atol=1e-6)
+    assert len(checks) == 2, "one check per new input shape"
+    assert compiled.max_check_error < 1e-5
+
+
+def test_distiller_with_compiled_teacher_gives_the_eager_penalty() -> None:
+    student, x = tiny_teacher(seed=1).train().requires_grad_(True), torch.randn(2, 3, 32, 32)
+    eager = AttentionDistiller(alpha=0.5, backend="torch")
+    compiled = AttentionDistiller(alpha=0.5, backend="torch", compile_teacher=TRACE_ONLY)
+    for task in range(3):
+        eager.update_teacher(student)
+        compiled.update_teacher(student)
+        with torch.no_grad():
+            for parameter in student.parameters():
+                parameter.add_(0.05 * torch.randn_like(parameter))
+        with eager.student_capture(student) as capture:
+            student(x)
+        expected = eager.penalty(x, capture.qk, student_scales=capture.scales)
+        got = compiled.penalty(x, capture.qk, student_scales=capture.scales)
+        assert float(expected) > 0
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+        if task == 0:
+            graphs = counters["stats"]["unique_graphs"]
+    assert counters["stats"]["unique_graphs"] == graphs, "a new teacher of the same architecture must not recompile"
+
+
+def test_penalty_takes_a_teacher_run_before_the_student() -> None:
+    student, x = tiny_teacher(seed=1).train().requires_grad_(True), torch.randn(2, 3, 32, 32)
+    distiller = AttentionDistiller(alpha=1.0, backend="torch")
+    distiller.update_teacher(tiny_teacher(seed=2))
+    teacher = distiller.teacher_qk(x)
+    assert isinstance(teacher, TeacherQK)
+    with distiller.student_capture(student) as capture:
+        student(x)
+    given = distiller.penalty(x, capture.qk, student_scales=capture.scales, teacher=teacher)
+    computed = distiller.penalty(x, capture.qk, student_scales=capture.scales)
+    torch.testing.assert_close(given, computed, rtol=0, atol=0)
+    with pytest.raises(TypeError, match="teacher must be the TeacherQK"):
+        distiller.penalty(x, capture.qk, teacher=teacher.qk)
+
+
+def test_plugin_runs_the_teacher_before_the_student_and_drops_it_before_backward() -> None:
+    student, x = tiny_teacher(seed=1).train().requires_grad_(True), torch.randn(2, 3, 32, 32)
+    plugin = StreamKLPlugin(alpha=1.0, backend="torch", compile_teacher=TRACE_ONLY)
+    strategy = type("Strategy", (), {"model": student, "mb_x": x, "loss": torch.zeros(())})()
+    plugin.after_training_exp(strategy)
+    order = []
+    student.register_forward_pre_hook(lambda *_: order.append("student"))
+    teacher_qk = plugin.distiller.teacher_qk
+    plugin.distiller.teacher_qk = lambda inputs: order.append("teacher") or teacher_qk(inputs)
+    plugin.before_forward(strategy)
+    student(x)
+    plugin.after_forward(strategy)
+    plugin.before_backward(strategy)
+    assert order == ["teacher", "student"]
+    assert plugin._teacher_qk is None
+    strategy.loss.backward()
+    assert "compile_teacher=True" in repr(plugin)
+
+
+class ReversedViT(nn.Module):
+    """Runs its blocks last to first: the i-th attention call is not block i's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(*(Block(dim=32, num_heads=2) for _ in range(DEPTH)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in reversed(self.blocks):
+            x = block(x)
+        return x
+
+
+def test_attention_calls_out_of_block_order_are_refused() -> None:
+    torch.manual_seed(0)
+    model = frozen_copy(ReversedViT())
+    with pytest.raises(RuntimeError, match="block order"):
+        CompiledQK(model, [0], TRACE_ONLY)(torch.randn(2, 7, 32))
+
+
+def test_attention_without_sdpa_is_refused() -> None:
+    teacher = tiny_teacher()
+    for block in teacher.blocks:
+        block.attn.fused_attn = False
+    with pytest.raises(RuntimeError, match="F.scaled_dot_product_attention calls"):
+        CompiledQK(teacher, "all", TRACE_ONLY)(torch.randn(2, 3, 32, 32))
+
+
+def test_compile_options_are_checked() -> None:
+    assert check_compile_options(False) is None
+    assert check_compile_options(True) == {}
+    assert check_compile_options({"mode": "max-autotune-no-cudagraphs"}) == {"mode": "max-autotune-no-cudagraphs"}
+    with pytest.raises(TypeError, match="bool or a mapping"):
+        check_compile_options("yes")
+    with pytest.raises(TypeError, match=r"torch.compile does not take: \['fullgraf'\]"):
+        AttentionDistiller(compile_teacher={"fullgraf": True})
+    with pytest.raises(TypeError, match="needs a tensor input"):
+        CompiledQK(tiny_teacher(), "all", TRACE_ONLY)([torch.randn(2, 3, 32, 32)])

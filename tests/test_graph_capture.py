@@ -1,0 +1,178 @@
+"""QKCapture's autograd-graph reads: the same Q/K as a full watch, and used only when verified."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from cl_streamkl import capture as capture_module
+from cl_streamkl.capture import QKCapture
+from cl_streamkl.graph_capture import GraphReadRegistry, product_from_graph
+
+DEPTH = 3
+
+
+def tiny_model(arch: str = "vit") -> nn.Module:
+    torch.manual_seed(0)
+    name = "vit_tiny_patch16_224" if arch == "vit" else "eva02_tiny_patch14_224"
+    model = timm.create_model(
+        name, pretrained=False, img_size=32, patch_size=8, num_classes=4, depth=DEPTH, embed_dim=64, num_heads=2
+    )
+    return model.eval()  # no dropout: repeated forwards give identical tensors
+
+
+@pytest.fixture(autouse=True)
+def fresh_registry(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(capture_module, "_GRAPH_READS", GraphReadRegistry())
+
+
+@pytest.fixture
+def full_watches(monkeypatch: pytest.MonkeyPatch) -> list[nn.Module]:
+    """The modules whose forward was watched with the TorchFunctionMode, one entry per forward."""
+    watched: list[nn.Module] = []
+    start = capture_module._ProductWatcher.start
+
+    def counting_start(self) -> None:
+        watched.append(self.module)
+        start(self)
+
+    monkeypatch.setattr(capture_module._ProductWatcher, "start", counting_start)
+    return watched
+
+
+def captured(model: nn.Module, x: torch.Tensor) -> QKCapture:
+    with QKCapture(model) as capture:
+        model(x)
+    return capture
+
+
+def assert_same_values(a: QKCapture, b: QKCapture, exact: bool = True) -> None:
+    """Equal Q/K and scales; ``exact=False`` allows the rounding of timm's manual attention path."""
+    tolerance = {"rtol": 0, "atol": 0} if exact else {"rtol": 1e-4, "atol": 1e-6}
+    for (q_a, k_a), (q_b, k_b) in zip(a.qk, b.qk):
+        torch.testing.assert_close(q_a, q_b, **tolerance)
+        torch.testing.assert_close(k_a, k_b, **tolerance)
+    assert a.scales == pytest.approx(b.scales)
+
+
+@pytest.mark.parametrize("arch", ["vit", "eva"])
+def test_later_training_forwards_are_read_from_the_graph(arch: str, full_watches: list[nn.Module]) -> None:
+    model, x = tiny_model(arch), torch.randn(2, 3, 32, 32)
+    first = captured(model, x)
+    assert len(full_watches) == DEPTH
+    second = captured(model, x)
+    assert len(full_watches) == DEPTH, "verified modules must not be watched again"
+    assert_same_values(first, second)
+    for q, k in second.qk:
+        assert q.grad_fn is not None and k.grad_fn is not None
+
+
+def test_graph_read_qk_carry_the_same_gradients() -> None:
+    model, x = tiny_model(), torch.randn(2, 3, 32, 32)
+
+    def gradients() -> list[torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        capture = captured(model, x)
+        sum((q * 1.5 - k).square().sum() for q, k in capture.qk).backward()
+        return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    watched, read = gradients(), gradients()
+    assert len(watched) == len(read) > 0
+    for a, b in zip(watched, read):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_forwards_without_a_graph_are_watched_in_full(full_watches: list[nn.Module]) -> None:
+    model, x = tiny_model(), torch.randn(2, 3, 32, 32)
+    reference = captured(model, x)
+    with torch.no_grad():
+        no_grad = captured(model, x)
+    assert len(full_watches) == 2 * DEPTH
+    assert_same_values(reference, no_grad)
+
+
+def test_new_requires_grad_settings_are_verified_again(full_watches: list[nn.Module]) -> None:
+    model, x = tiny_model(), torch.randn(2, 3, 32, 32)
+    reference = captured(model, x)
+    model.blocks[1].attn.qkv.requires_grad_(False)
+    frozen = captured(model, x)
+    assert full_watches[DEPTH:] == [model.blocks[1].attn]
+    assert_same_values(reference, frozen)
+    captured(model, x)
+    assert len(full_watches) == DEPTH + 1
+
+
+def test_manual_attention_is_always_watched(full_watches: list[nn.Module]) -> None:
+    model, x = tiny_model(), torch.randn(2, 3, 32, 32)
+    fused = captured(copy.deepcopy(model), x)
+    for block in model.blocks:
+        block.attn.fused_attn = False
+    manual_first, manual_second = captured(model, x), captured(model, x)
+    assert len(full_watches) == 3 * DEPTH
+    assert_same_values(fused, manual_first, exact=False)
+    assert_same_values(fused, manual_second, exact=False)
+
+
+def test_a_forward_that_stops_matching_raises_then_is_watched_again(full_watches: list[nn.Module]) -> None:
+    model, x = tiny_model(), torch.randn(2, 3, 32, 32)
+    fused = captured(model, x)
+    model.blocks[0].attn.fused_attn = False  # the verified block now forms its scores by hand
+    with pytest.raises(RuntimeError, match="next forward is watched in full again"), QKCapture(model):
+        model(x)
+    assert capture_module._GRAPH_READS.allows(model.blocks[0].attn, (True,)) is False
+    recovered = captured(model, x)
+    assert full_watches.count(model.blocks[0].attn) == 2
+    assert_same_values(fused, recovered, exact=False)
+
+
+class OneProduct(nn.Module):
+    """A minimal attention: q, k, v from one projection, scores by SDPA with the given options."""
+
+    def __init__(self, twice: bool = False, **sdpa_options) -> None:
+        super().__init__()
+        self.qkv = nn.Linear(16, 48)
+        self.twice = twice
+        self.sdpa_options = sdpa_options
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k, v = self.qkv(x).reshape(2, 5, 3, 2, 8).permute(2, 0, 3, 1, 4).unbind(0)
+        self.seen = [q, k]
+        out = F.scaled_dot_product_attention(q, k, v, **self.sdpa_options)
+        if self.twice:
+            out = F.scaled_dot_product_attention(out, k, v)
+        return out.transpose(1, 2).reshape(2, 5, 16)
+
+
+def graph_product(module: OneProduct):
+    x = torch.randn(2, 5, 16, requires_grad=True)
+    hidden = x * 2.0  # gives the input a grad_fn for the walk to stop at
+    return product_from_graph(module(hidden), [hidden]), module.seen
+
+
+def test_product_from_graph_returns_the_called_tensors_and_scale() -> None:
+    (q, k, scale), (q_seen, k_seen) = graph_product(OneProduct())
+    assert q is q_seen and k is k_seen and scale == pytest.approx(8**-0.5)
+    (_, _, scale), _ = graph_product(OneProduct(scale=0.3))
+    assert scale == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"is_causal": True}, {"attn_mask": torch.ones(5, 5, dtype=torch.bool).tril()}, {"twice": True}],
+    ids=["causal", "mask", "two-products"],
+)
+def test_product_from_graph_refuses_what_q_k_alone_does_not_describe(options: dict) -> None:
+    product, _ = graph_product(OneProduct(**options))
+    assert product is None
+
+
+def test_product_from_graph_without_a_graph_is_none() -> None:
+    module = OneProduct()
+    with torch.no_grad():
+        assert product_from_graph(module(torch.randn(2, 5, 16)), []) is None
