@@ -114,7 +114,8 @@ def teacher_rows(args: argparse.Namespace, image_size: int, batch: int) -> list[
     """Table 1 at one image size: one row per teacher variant."""
     device = args.device
     torch.manual_seed(0)
-    teacher = frozen_copy(e2e.build_model(args.model, args.model_kwargs, image_size, device))
+    model = e2e.build_model(args.model, args.model_kwargs, image_size, device)
+    teacher = frozen_copy(model)
     images = torch.randn(batch, 3, image_size, image_size, device=device)
     variants: dict[str, Callable[[], object]] = {}
 
@@ -128,7 +129,7 @@ def teacher_rows(args: argparse.Namespace, image_size: int, batch: int) -> list[
         options[f"compiled {args.compile_mode}"] = {"mode": args.compile_mode}
     for name, compile_teacher in options.items():
         distiller = AttentionDistiller(layers="all", compile_teacher=compile_teacher)
-        distiller._set_teacher(teacher)
+        distiller.update_teacher(model)
         variants[name] = lambda distiller=distiller: distiller.teacher_qk(images)
     rows = []
     for name, forward in variants.items():

@@ -301,9 +301,11 @@ def attention_product_extractor(module: nn.Module, record: RecordQK) -> list[_Re
 
     def after(_module: nn.Module, _args: tuple, _kwargs: dict, output: object) -> None:
         watcher.stop()
-        inputs, signature, from_graph = pending.pop("inputs"), pending.pop("signature"), pending.pop("from_graph")
-        # With always_call=True this also runs when the forward raised (output is None);
-        # then only leaving the mode matters and the original error propagates.
+        # With always_call=True this also runs when the forward raised (output is None), even
+        # when an earlier pre-hook raised before ours ran; then only leaving the mode matters
+        # and the original error propagates.
+        inputs, signature = pending.pop("inputs", ()), pending.pop("signature", None)
+        from_graph = pending.pop("from_graph", False)
         if output is None:
             return
         if not from_graph:
@@ -312,10 +314,11 @@ def attention_product_extractor(module: nn.Module, record: RecordQK) -> list[_Re
         product = product_from_graph(output, inputs)
         if product is None:
             _GRAPH_READS.forget(module)
-            raise watcher._fail(
-                "this forward left no single scaled_dot_product_attention node in the autograd graph, "
-                "unlike earlier forwards with the same requires_grad settings; the next forward is "
-                "watched in full again"
+            raise RuntimeError(
+                f"QKCapture lost the attention scores of {_type_name(module)}: this forward left no single "
+                "scaled_dot_product_attention node in the autograd graph, unlike earlier forwards with the "
+                "same requires_grad settings (did its attention change, e.g. fused_attn?). The next "
+                "forward is watched in full again; run this one again."
             )
         watcher.record(*product)
 

@@ -77,7 +77,6 @@ def product_from_graph(
             return None
         if hasattr(node, "_saved_query") and hasattr(node, "_saved_key"):
             found.append(node)
-            continue
         pending.extend(next_node for next_node, _ in node.next_functions)
     if len(found) != 1:
         return None
