@@ -111,3 +111,25 @@ def test_config_resolution_and_errors():
             ExperimentConfig(**bad).resolved()
     with pytest.raises(ValueError, match="unknown keys"):
         ExperimentConfig.from_dict({"epochs": 1, "color": "red"})
+
+
+@pytest.mark.parametrize("amp, expected", [("bf16", torch.bfloat16), ("none", None)])
+def test_plugins_before_forward_runs_under_the_forward_autocast(amp, expected):
+    from avalanche.training.plugins import SupervisedPlugin
+
+    from cl_streamkl.experiment.template import AmpSupervisedTemplate
+
+    seen = []
+
+    class Probe(SupervisedPlugin):
+        def before_forward(self, strategy, **kwargs):
+            seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
+
+    model = torch.nn.Linear(4, 2)
+    template = AmpSupervisedTemplate(
+        amp=amp, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        criterion=torch.nn.CrossEntropyLoss(), device="cpu", plugins=[Probe()],
+    )
+    template._before_forward()
+    assert seen == [expected]
+    assert not torch.is_autocast_enabled("cpu")

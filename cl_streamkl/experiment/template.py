@@ -26,6 +26,9 @@ def autocast(device: torch.device, amp: str) -> contextlib.AbstractContextManage
 class AmpSupervisedTemplate(SupervisedTemplate):
     """Avalanche's supervised template with the forward pass under autocast.
 
+    The plugins' ``before_forward`` callbacks run under the same autocast, so a teacher
+    that a plugin runs there (the StreamKL plugin's) computes in the student's precision.
+
     Plugins see the same callbacks as with ``avalanche.training.Naive``; the
     strategies differ only in their plugin lists. With ``amp="fp16"`` a gradient
     scaler wraps backward and the optimizer step. Avalanche's metric evaluator is
@@ -47,6 +50,11 @@ class AmpSupervisedTemplate(SupervisedTemplate):
         self.amp = amp
         autocast(self.device, amp)  # validates amp early
         self.scaler = torch.amp.GradScaler(self.device.type) if amp == "fp16" else None
+
+    def _before_forward(self, **kwargs: Any) -> None:
+        # Plugins that run a model here (StreamKLPlugin's teacher) get the forward's precision.
+        with autocast(self.device, self.amp):
+            super()._before_forward(**kwargs)
 
     def forward(self) -> torch.Tensor:
         with autocast(self.device, self.amp):
