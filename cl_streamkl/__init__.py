@@ -2,13 +2,16 @@
 
 from cl_streamkl.attention_kl import AttentionKLDivLoss, attention_kl
 from cl_streamkl.capture import QKCapture, register_qk_extractor
+from cl_streamkl.compiled_capture import CompiledQK, TeacherQK
 from cl_streamkl.kernels.reference import attention_kl_reference
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AttentionKLDivLoss",
+    "CompiledQK",
     "QKCapture",
+    "TeacherQK",
     "__version__",
     "attention_kl",
     "attention_kl_reference",
