@@ -278,7 +278,8 @@ def attention_product_extractor(module: nn.Module, record: RecordQK) -> list[_Re
     forward that recorded an autograd graph shows that graph holding the same product
     (one ``scaled_dot_product_attention`` node that saved the same ``q`` and ``k``
     objects; see :mod:`cl_streamkl.graph_capture`), later forwards of that module with
-    the same ``requires_grad`` settings are read from their graph instead, unwatched.
+    the same ``requires_grad`` settings are read from their graph instead, unwatched;
+    never under ``no_grad`` or saved-tensor hooks (activation checkpointing).
 
     Args:
         module: the attention module.

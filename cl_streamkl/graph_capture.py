@@ -39,12 +39,22 @@ def _tensors(values: Iterable[object]) -> list[torch.Tensor]:
     return found
 
 
+def _saved_tensor_hooks_active() -> bool:
+    # torch.utils.checkpoint uses the same query. Where it is missing, assume hooks.
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    return top is None or top(False) is not None
+
+
 def grad_signature(parameters: Iterable[torch.Tensor], inputs: Iterable[object]) -> tuple[bool, ...] | None:
     """Which of a module's parameters and tensor inputs require grad, or ``None``.
 
-    ``None`` when autograd records nothing (grad mode off): there is no graph to read.
+    ``None`` means "do not read this forward's graph":
+    - Grad mode is off, so autograd records nothing.
+    - Saved-tensor hooks are active: activation checkpointing, ``save_on_cpu``. Reading a
+      saved tensor would run the unpack hook (a recomputation or a copy) and hand back
+      another tensor.
     """
-    if not torch.is_grad_enabled():
+    if not torch.is_grad_enabled() or _saved_tensor_hooks_active():
         return None
     return tuple(p.requires_grad for p in parameters) + tuple(t.requires_grad for t in _tensors(inputs))
 

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from cl_streamkl import capture as capture_module
+from cl_streamkl import graph_capture as graph_capture_module
 from cl_streamkl.capture import QKCapture
 from cl_streamkl.graph_capture import GraphReadRegistry, product_from_graph
 
@@ -176,3 +177,37 @@ def test_product_from_graph_without_a_graph_is_none() -> None:
     module = OneProduct()
     with torch.no_grad():
         assert product_from_graph(module(torch.randn(2, 5, 16)), []) is None
+
+
+@pytest.mark.parametrize("hooks", ["checkpoint", "save_on_cpu"])
+def test_forwards_under_saved_tensor_hooks_are_watched_not_read(
+    hooks: str, full_watches: list[nn.Module], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Reading a saved tensor there would run the unpack hook: a recomputation of the
+    # checkpointed block, or a copy back from the CPU, handing back another tensor.
+    model, x = tiny_model(), torch.randn(2, 3, 32, 32)
+    walks = []
+    for module in (capture_module, graph_capture_module):
+        monkeypatch.setattr(module, "product_from_graph", lambda *a: walks.append(1))
+
+    def step() -> list[torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        if hooks == "checkpoint":
+            model.set_grad_checkpointing(True)
+            capture = captured(model, x)
+        else:
+            with torch.autograd.graph.save_on_cpu():
+                capture = captured(model, x)
+        sum((q * 1.5 - k).square().sum() for q, k in capture.qk).backward()
+        model.set_grad_checkpointing(False)
+        return [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+    first, second = step(), step()
+    assert len(full_watches) == 2 * DEPTH and walks == []
+    model.zero_grad(set_to_none=True)
+    plain = captured(model, x)
+    sum((q * 1.5 - k).square().sum() for q, k in plain.qk).backward()
+    expected = [p.grad for p in model.parameters() if p.grad is not None]
+    for a, b, c in zip(first, second, expected):
+        torch.testing.assert_close(a, c)
+        torch.testing.assert_close(b, c)
