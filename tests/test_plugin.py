@@ -493,3 +493,23 @@ def test_gpu_smoke_script_dry_run_on_cpu(tmp_path, monkeypatch, mode: str) -> No
     rows = result["rows"]
     assert [(r["experience"], r["iteration"]) for r in rows] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert rows[3]["penalty"] > 0 and rows[3]["reference"] is not None
+
+
+@pytest.mark.parametrize("change", ["replaced", "edited in place"])
+def test_teacher_reruns_when_the_batch_changed_after_before_forward(change: str) -> None:
+    # The teacher runs in before_forward; a plugin acting later may still swap or edit mb_x.
+    model, x = tiny_model(), torch.randn(2, *IMAGE)
+    plugin = StreamKLPlugin(alpha=1.0, backend="torch")
+    strategy = SimpleNamespace(model=model, mb_x=x, loss=torch.zeros(()))
+    plugin.after_training_exp(strategy)
+    perturb(model)
+    plugin.before_forward(strategy)
+    if change == "replaced":
+        strategy.mb_x = x.flip(-1)
+    else:
+        strategy.mb_x.mul_(-1.0)
+    model(strategy.mb_x)
+    plugin.after_forward(strategy)
+    plugin.before_backward(strategy)
+    expected = reference_penalty(model, plugin.teacher, strategy.mb_x, 1.0)
+    assert plugin.last_penalty == pytest.approx(expected.item(), rel=1e-5)

@@ -42,6 +42,11 @@ __all__ = ["StreamKLPlugin"]
 STATE_FORMAT = "cl_streamkl.StreamKLPlugin/1"
 
 
+def _identity(batch: object) -> tuple[int, int]:
+    """The object and its in-place version: changes when a plugin swaps or edits ``mb_x``."""
+    return id(batch), getattr(batch, "_version", 0)
+
+
 class StreamKLPlugin(SupervisedPlugin):
     """Distil the previous experience's attention into the current model (StreamKL).
 
@@ -79,6 +84,7 @@ class StreamKLPlugin(SupervisedPlugin):
         )
         self._capture: QKCapture | None = None
         self._teacher_qk: TeacherQK | None = None
+        self._teacher_input: tuple[int, int] | None = None
         self._last_penalty: torch.Tensor | float = 0.0
 
     @property
@@ -110,6 +116,7 @@ class StreamKLPlugin(SupervisedPlugin):
                 # Teacher first: its queued GPU work keeps the device busy while the host
                 # issues the student's (launch-bound) forward.
                 self._teacher_qk = self.distiller.teacher_qk(strategy.mb_x)
+                self._teacher_input = _identity(strategy.mb_x)
             self._capture = self.distiller.student_capture(strategy.model)
             self._capture.__enter__()
 
@@ -124,6 +131,11 @@ class StreamKLPlugin(SupervisedPlugin):
             return
         self._capture = None
         teacher, self._teacher_qk = self._teacher_qk, None
+        if self._teacher_input != _identity(strategy.mb_x):
+            # Another plugin replaced or edited the minibatch after our before_forward:
+            # the teacher must see what the student saw, so penalty() runs it again.
+            teacher = None
+        self._teacher_input = None
         penalty = self.distiller.penalty(strategy.mb_x, capture.qk, student_scales=capture.scales, teacher=teacher)
         capture.clear()
         strategy.loss += penalty
@@ -141,6 +153,7 @@ class StreamKLPlugin(SupervisedPlugin):
 
     def _close_capture(self) -> None:
         self._teacher_qk = None
+        self._teacher_input = None
         if self._capture is not None:
             self._capture.remove_hooks()
             self._capture.clear()
