@@ -42,11 +42,6 @@ __all__ = ["StreamKLPlugin"]
 STATE_FORMAT = "cl_streamkl.StreamKLPlugin/1"
 
 
-def _identity(batch: object) -> tuple[int, int]:
-    """The object and its in-place version: changes when a plugin swaps or edits ``mb_x``."""
-    return id(batch), getattr(batch, "_version", 0)
-
-
 class StreamKLPlugin(SupervisedPlugin):
     """Distil the previous experience's attention into the current model (StreamKL).
 
@@ -84,7 +79,8 @@ class StreamKLPlugin(SupervisedPlugin):
         )
         self._capture: QKCapture | None = None
         self._teacher_qk: TeacherQK | None = None
-        self._teacher_input: tuple[int, int] | None = None
+        # The minibatch the teacher ran on and its in-place version counter.
+        self._teacher_input: tuple[object, int] | None = None
         self._last_penalty: torch.Tensor | float = 0.0
 
     @property
@@ -116,7 +112,7 @@ class StreamKLPlugin(SupervisedPlugin):
                 # Teacher first: its queued GPU work keeps the device busy while the host
                 # issues the student's (launch-bound) forward.
                 self._teacher_qk = self.distiller.teacher_qk(strategy.mb_x)
-                self._teacher_input = _identity(strategy.mb_x)
+                self._teacher_input = (strategy.mb_x, getattr(strategy.mb_x, "_version", 0))
             self._capture = self.distiller.student_capture(strategy.model)
             self._capture.__enter__()
 
@@ -131,7 +127,8 @@ class StreamKLPlugin(SupervisedPlugin):
             return
         self._capture = None
         teacher, self._teacher_qk = self._teacher_qk, None
-        if self._teacher_input != _identity(strategy.mb_x):
+        ran_on, version = self._teacher_input or (None, 0)
+        if strategy.mb_x is not ran_on or getattr(ran_on, "_version", 0) != version:
             # Another plugin replaced or edited the minibatch after our before_forward:
             # the teacher must see what the student saw, so penalty() runs it again.
             teacher = None
