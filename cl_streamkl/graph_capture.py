@@ -85,17 +85,19 @@ def product_from_graph(
         seen.add(node)
         if len(seen) > MAX_NODES:
             return None
-        if hasattr(node, "_saved_query") and hasattr(node, "_saved_key"):
-            found.append(node)
+        # Each read of a _saved_* attribute unpacks the saved tensor, so read it once.
+        query = getattr(node, "_saved_query", None)
+        key = getattr(node, "_saved_key", None) if query is not None else None
+        if key is not None:
+            found.append((node, query, key))
         pending.extend(next_node for next_node, _ in node.next_functions)
     if len(found) != 1:
         return None
-    node = found[0]
+    node, q, k = found[0]
     mask = getattr(node, "_saved_attn_mask", None)
     bias = getattr(node, "_saved_attn_bias", None)
     if isinstance(mask, torch.Tensor) or isinstance(bias, torch.Tensor) or getattr(node, "_saved_is_causal", False):
         return None
-    q, k = node._saved_query, node._saved_key
     scale = getattr(node, "_saved_scale", None)
     return q, k, float(scale) if scale is not None else q.shape[-1] ** -0.5
 
