@@ -14,6 +14,7 @@ Usage: python benchmarks/check_gpu.py [--skip-timing] [--skip-checks]
 from __future__ import annotations
 
 import argparse
+import functools
 import subprocess
 import sys
 
@@ -57,14 +58,26 @@ def check_case(batch, heads, n, dim, dtype, causal=False, teacher_grad=False) ->
     }
 
 
-def check_strided_timm_views() -> float:
-    batch, tokens, heads, dim = 4, 577, 12, 64
+def _timm_views(batch: int, tokens: int, heads: int, dim: int, requires_grad: bool):
+    """q, k as timm's Attention makes them: views of one permuted (B, N, 3·H·D) qkv projection."""
     qkv = torch.randn(batch, tokens, 3 * heads * dim, device="cuda", dtype=torch.bfloat16)
-    qkv_t = torch.randn_like(qkv)
-    q, k, _ = qkv.reshape(batch, tokens, 3, heads, dim).permute(2, 0, 3, 1, 4).unbind(0)
-    q_t, k_t, _ = qkv_t.reshape(batch, tokens, 3, heads, dim).permute(2, 0, 3, 1, 4).unbind(0)
+    q, k, _ = qkv.requires_grad_(requires_grad).reshape(batch, tokens, 3, heads, dim).permute(2, 0, 3, 1, 4).unbind(0)
+    return q, k
+
+
+def check_strided_timm_views() -> dict:
+    """Values and all four gradients on timm-style views; grads inf if one is not laid out like its input."""
+    q, k = _timm_views(4, 577, 12, 64, requires_grad=True)
+    q_t, k_t = _timm_views(4, 577, 12, 64, requires_grad=True)
+    inputs = (q, k, q_t, k_t)
     out = attention_kl(q, k, q_t, k_t, reduction="none", backend="triton")
-    return rel_err(out, attention_kl_reference(q, k, q_t, k_t, reduction="none"))
+    ref = attention_kl_reference(q, k, q_t, k_t, reduction="none")
+    upstream = torch.randn_like(ref)
+    grads = torch.autograd.grad((out * upstream.float()).sum(), inputs)
+    ref_grads = torch.autograd.grad((ref * upstream).sum(), inputs)
+    laid_out_like_inputs = all(grad.stride() == torch.empty_like(x).stride() for grad, x in zip(grads, inputs))
+    grad_err = max(rel_err(g, r) for g, r in zip(grads, ref_grads))
+    return {"fwd": rel_err(out, ref), "grads": grad_err if laid_out_like_inputs else float("inf")}
 
 
 def check_int64_offsets() -> float:
@@ -89,8 +102,10 @@ def check_int64_offsets() -> float:
 
 
 def check_compile() -> float:
-    q, k, q_t, k_t = (torch.randn(2, 4, 256, 64, device="cuda", dtype=torch.bfloat16) for _ in range(4))
-    q.requires_grad_()
+    """torch.compile(fullgraph=True) against eager on timm-style views: Inductor asserts the
+    custom op's real output strides against its fake ones, so a layout mismatch fails here."""
+    q, k = _timm_views(2, 256, 4, 64, requires_grad=True)
+    q_t, k_t = _timm_views(2, 256, 4, 64, requires_grad=False)
 
     def loss(q, k, q_t, k_t):
         return attention_kl(q, k, q_t, k_t, temperature=2.0) * 3.0
@@ -178,14 +193,18 @@ def run_checks(lengths: list[int], dtype_names: list[str], extras: bool) -> int:
 
 
 def run_extra_checks() -> int:
-    """Head dims, strided views, int64 offsets and torch.compile; return how many failed."""
+    """Head dims, strided views (values, gradients and their layout), int64 offsets and torch.compile;
+    return how many failed."""
     failures = 0
-    for dim in (32, 80, 128, 256):
-        result = check_case(1, 2, 577, dim, torch.bfloat16, teacher_grad=True)
+    bf16_cases = {f"D={dim} bf16": functools.partial(check_case, 1, 2, 577, dim, torch.bfloat16, teacher_grad=True)
+                  for dim in (32, 80, 128, 256)}
+    bf16_cases["strided timm views bf16 (grads in the inputs' layout)"] = check_strided_timm_views
+    for name, check in bf16_cases.items():
+        result = check()
         ok = result["fwd"] < 1e-4 and result["grads"] < 2e-2
         failures += not ok
-        print(f"D={dim} bf16 fwd_err={result['fwd']:.2e} grad_err={result['grads']:.2e} {'ok' if ok else 'FAIL'}")
-    for name, check in (("strided timm views", check_strided_timm_views), ("int64 offsets N=131072", check_int64_offsets), ("torch.compile fullgraph", check_compile)):
+        print(f"{name} fwd_err={result['fwd']:.2e} grad_err={result['grads']:.2e} {'ok' if ok else 'FAIL'}")
+    for name, check in (("int64 offsets N=131072", check_int64_offsets), ("torch.compile fullgraph", check_compile)):
         err = check()
         ok = err < 1e-4
         failures += not ok

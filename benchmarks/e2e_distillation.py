@@ -18,7 +18,8 @@ One more method on request (``--methods``), to take (c) apart:
 
 With ``--compile-teacher`` every distilling method, (b) included, gets the frozen teacher
 through ``torch.compile`` (``AttentionDistiller(compile_teacher=True)``); (a) has no
-teacher and is unchanged.
+teacher and is unchanged. ``--compile-teacher reduce-overhead`` (or another
+``torch.compile`` mode) passes ``compile_teacher={"mode": ...}`` instead.
 
 The penalty is ``alpha`` times the mean over blocks of the row-averaged
 KL(P_teacher ‖ P_student); the teacher is a frozen snapshot of the student taken before
@@ -57,9 +58,10 @@ import math
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import timm
 import torch
@@ -82,6 +84,7 @@ METHOD_LABELS = {
     "teacher": "(t) teacher fwd, no KL",
 }
 PENALTY_METHODS = ("eager", "triton", "torch")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 DEFAULT_MODEL = "vit_base_patch16_224"
 DEFAULT_IMAGE_SIZES = (224, 512, 1024)
@@ -187,10 +190,33 @@ class TeacherOnlyDistiller(AttentionDistiller):
         return torch.zeros((), device=x.device)
 
 
-def build_distiller(method: str, alpha: float, compile_teacher: bool = False) -> AttentionDistiller | None:
+def compile_teacher_option(mode: str | None) -> bool | dict[str, str]:
+    """``AttentionDistiller``'s ``compile_teacher`` for a ``--compile-teacher`` value.
+
+    Args:
+        mode: None (eager teacher), ``"default"`` or another ``torch.compile`` mode.
+    """
+    if mode is None:
+        return False
+    return True if mode == "default" else {"mode": mode}
+
+
+def describe_teacher(compile_teacher: bool | Mapping[str, Any]) -> str:
+    """How the teacher runs, for the report: ``eager``, ``torch.compile`` or ``torch.compile mode=...``."""
+    if not compile_teacher:
+        return "eager"
+    if compile_teacher is True:
+        return "torch.compile"
+    return "torch.compile " + " ".join(f"{key}={value}" for key, value in compile_teacher.items())
+
+
+def build_distiller(
+    method: str, alpha: float, compile_teacher: bool | Mapping[str, Any] = False
+) -> AttentionDistiller | None:
     """The penalty object of ``method`` (None for ``none``), teacher not yet taken.
 
-    ``compile_teacher`` gives every distilling method the ``torch.compile``'d teacher.
+    ``compile_teacher`` (``AttentionDistiller``'s argument) gives every distilling method
+    the ``torch.compile``'d teacher.
     """
     if method == "none":
         return None
@@ -250,7 +276,7 @@ def build_trainer(
     image_size: int,
     alpha: float,
     device: torch.device,
-    compile_teacher: bool = False,
+    compile_teacher: bool | Mapping[str, Any] = False,
 ) -> Trainer:
     """Fresh student, AdamW (fused on CUDA) and the method's distiller with its teacher snapshot."""
     torch.manual_seed(0)
@@ -386,7 +412,7 @@ def check_penalties(
     alpha: float,
     rtol: float,
     device: torch.device,
-    compile_teacher: bool = False,
+    compile_teacher: bool | Mapping[str, Any] = False,
 ) -> PenaltyCheck:
     """Penalty of each method in ``methods`` ∩ (b, c, d) and the float64 reference, one batch.
 
@@ -574,8 +600,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="smoke-test preset: depth 2, width 32, images 32 and 48 px, batch 2, max batch 8",
     )
     parser.add_argument(
-        "--compile-teacher", action="store_true",
-        help="run every distilling method's frozen teacher through torch.compile (CompiledQK)",
+        "--compile-teacher", nargs="?", const="default", default=None, choices=COMPILE_MODES, metavar="MODE",
+        help="run every distilling method's frozen teacher through torch.compile (CompiledQK), optionally "
+        f"in a torch.compile mode: {', '.join(COMPILE_MODES)} (default: default)",
     )
     parser.add_argument("--alpha", type=float, default=1.0, help="penalty weight (default 1)")
     parser.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (default 3)")
@@ -599,6 +626,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
 
     args.device = torch.device(args.device)
+    args.compile_teacher = compile_teacher_option(args.compile_teacher)
     if args.device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda but CUDA is not available; use --device cpu --tiny for a smoke run")
     if args.image_sizes is None:
@@ -734,7 +762,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     environment = describe_environment(args.device, args.commit)
     print(" | ".join(f"{key} {value}" for key, value in environment.items()), flush=True)
-    print(f"teacher: {'torch.compile' if args.compile_teacher else 'eager'}", flush=True)
+    print(f"teacher: {describe_teacher(args.compile_teacher)}", flush=True)
     checks: list[PenaltyCheck] = []
     results: list[Result] = []
 

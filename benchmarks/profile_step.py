@@ -246,12 +246,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--teacher", action="store_true", help="also time the teacher's forward alone (table 1)")
-    parser.add_argument("--compile-mode", default=None, help="one more compiled teacher variant in this mode")
+    parser.add_argument(
+        "--compile-mode", default=None, choices=e2e.COMPILE_MODES[1:], help="one more compiled teacher variant in this mode"
+    )
     parser.add_argument(
         "--methods", nargs="*", choices=STEP_METHODS, default=["none", "capture", "teacher", "triton"],
         help="step methods of table 2 (default: none capture teacher triton; none at all: skip table 2)",
     )
-    parser.add_argument("--compile-teacher", action="store_true", help="distilling methods use the compiled teacher")
+    parser.add_argument(
+        "--compile-teacher", nargs="?", const="default", default=None, choices=e2e.COMPILE_MODES, metavar="MODE",
+        help="distilling methods use the compiled teacher, optionally in a torch.compile mode "
+        f"({', '.join(e2e.COMPILE_MODES)})",
+    )
     parser.add_argument("--image-size", type=int, default=None, help="default 512 (tiny: 32)")
     parser.add_argument("--batch", type=int, default=None, help="default 16 (tiny: 2)")
     parser.add_argument("--model", default=e2e.DEFAULT_MODEL)
@@ -265,6 +271,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--commit", default=None, help="commit to print when the tree has no .git")
     args = parser.parse_args(argv)
     args.device = torch.device(args.device)
+    args.compile_teacher = e2e.compile_teacher_option(args.compile_teacher)
     if args.device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda but CUDA is not available; use --device cpu --tiny")
     args.model_kwargs = dict(e2e.TINY_MODEL_KWARGS) if args.tiny else {}
@@ -280,6 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     environment = describe_environment(args.device, args.commit)
     print(" | ".join(f"{key} {value}" for key, value in environment.items()), flush=True)
+    print(f"teacher of the step methods: {e2e.describe_teacher(args.compile_teacher)}", flush=True)
     result: dict = {"environment": environment, "teacher": [], "steps": []}
     if args.teacher:
         result["teacher"] = teacher_rows(args, args.image_size, args.batch)

@@ -171,6 +171,40 @@ def test_strided_timm_style_views_without_copy(backend, device):
     assert rel_err(grad, ref_grad) < 1e-5
 
 
+@pytest.mark.parametrize("teacher_grad", [False, True], ids=["frozen", "mutual"])
+def test_triton_gradients_come_back_in_the_inputs_layout(teacher_grad, device):
+    """dq/dk (and the teacher's) are laid out like their inputs, so autograd's add to SDPA's is contiguous."""
+    torch.manual_seed(14)
+    batch, tokens, heads, dim = 2, 21, 3, 32
+
+    def timm_views(requires_grad):
+        qkv = torch.randn(batch, tokens, 3 * heads * dim, device=device, requires_grad=requires_grad)
+        q, k, _ = qkv.reshape(batch, tokens, 3, heads, dim).permute(2, 0, 3, 1, 4).unbind(0)
+        return q, k
+
+    q, k = timm_views(True)
+    q_t, k_t = timm_views(teacher_grad)
+    inputs = (q, k, q_t, k_t) if teacher_grad else (q, k)
+    out = attention_kl(q, k, q_t, k_t, reduction="none", backend="triton")
+    ref = attention_kl_reference(q, k, q_t, k_t, reduction="none")
+    upstream = torch.randn_like(ref)
+    grads = torch.autograd.grad((out * upstream.float()).sum(), inputs)
+    ref_grads = torch.autograd.grad((ref * upstream).sum(), inputs)
+    for tensor, grad, ref_grad in zip(inputs, grads, ref_grads):
+        assert grad.stride() == torch.empty_like(tensor).stride() != tensor.contiguous().stride()
+        assert rel_err(grad, ref_grad) < 1e-5
+
+
+def test_gradient_buffer_falls_back_to_contiguous_without_unit_head_stride():
+    from cl_streamkl.kernels.triton_kl import _empty_gradient_for
+
+    no_unit_stride = torch.empty(64).as_strided((3, 2, 1, 4), (8, 1, 8, 2))
+    assert torch.empty_like(no_unit_stride).stride(-1) == 2
+    assert _empty_gradient_for(no_unit_stride).is_contiguous()
+    permuted = torch.empty(2, 5, 3, 4).permute(0, 2, 1, 3)
+    assert _empty_gradient_for(permuted).stride() == permuted.stride()
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_large_logits_stay_finite(backend, dtype, device):

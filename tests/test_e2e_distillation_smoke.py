@@ -181,3 +181,21 @@ def test_bad_flags_are_rejected():
         e2e.parse_args(["--device", "cpu", "--image-sizes", "300"])  # no default batch for 300 px
     with pytest.raises(SystemExit):
         e2e.parse_args(["--device", "cpu", "--tiny", "--model-kwargs", "[1, 2]"])
+    with pytest.raises(SystemExit):
+        e2e.parse_args(["--device", "cpu", "--tiny", "--compile-teacher", "fastest"])
+
+
+@pytest.mark.parametrize(
+    ("flags", "option", "described"),
+    [
+        ([], False, "eager"),
+        (["--compile-teacher"], True, "torch.compile"),
+        (["--compile-teacher", "reduce-overhead"], {"mode": "reduce-overhead"}, "torch.compile mode=reduce-overhead"),
+    ],
+)
+def test_compile_teacher_flag_becomes_the_distillers_option(flags, option, described):
+    args = e2e.parse_args(["--device", "cpu", "--tiny", *flags])
+    assert args.compile_teacher == option
+    assert e2e.describe_teacher(args.compile_teacher) == described
+    distiller = e2e.build_distiller("triton", 1.0, args.compile_teacher)
+    assert distiller.compile_options == ({} if option is True else option or None)

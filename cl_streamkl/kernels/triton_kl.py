@@ -231,13 +231,15 @@ def _attention_kl_bwd_dq_kernel(
     ROW_KL,  # [B, H, Nq] float32, contiguous; read only when TEACHER_GRAD
     LSE_S,  # [B, H, Nq] float32, contiguous, base 2
     LSE_T,  # [B, H, Nq] float32, contiguous, base 2
-    DQ,  # [B, H, Nq, Ds], contiguous
-    DQT,  # [B, H, Nq, Dt], contiguous; unused unless TEACHER_GRAD
+    DQ,  # [B, H, Nq, Ds], unit stride in Ds
+    DQT,  # [B, H, Nq, Dt], unit stride in Dt; unused unless TEACHER_GRAD
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
     stride_qtb, stride_qth, stride_qtn,
     stride_ktb, stride_kth, stride_ktn,
     stride_gb, stride_gh, stride_gn,
+    stride_ob, stride_oh, stride_on,  # of DQ (DK)
+    stride_otb, stride_oth, stride_otn,  # of DQT (DKT)
     num_heads, n_q, n_k, d_s, d_t,
     scale_s_log2, scale_t_log2,
     scale_s, scale_t,  # natural-unit chain-rule factors scale / T
@@ -298,13 +300,13 @@ def _attention_kl_bwd_dq_kernel(
         )
 
     tl.store(
-        DQ + pid_bh * n_q * d_s + rows64[:, None] * d_s + dims_s[None, :],
+        DQ + batch * stride_ob + head * stride_oh + rows64[:, None] * stride_on + dims_s[None, :],
         (dq * scale_s).to(DQ.dtype.element_ty),
         mask=row_ok[:, None] & (dims_s[None, :] < d_s),
     )
     if TEACHER_GRAD:
         tl.store(
-            DQT + pid_bh * n_q * d_t + rows64[:, None] * d_t + dims_t[None, :],
+            DQT + batch * stride_otb + head * stride_oth + rows64[:, None] * stride_otn + dims_t[None, :],
             (dqt * scale_t).to(DQT.dtype.element_ty),
             mask=row_ok[:, None] & (dims_t[None, :] < d_t),
         )
@@ -352,13 +354,15 @@ def _attention_kl_bwd_dk_kernel(
     ROW_KL,  # [B, H, Nq] float32, contiguous; read only when TEACHER_GRAD
     LSE_S,  # [B, H, Nq] float32, contiguous, base 2
     LSE_T,  # [B, H, Nq] float32, contiguous, base 2
-    DK,  # [B, H, Nk, Ds], contiguous
-    DKT,  # [B, H, Nk, Dt], contiguous; unused unless TEACHER_GRAD
+    DK,  # [B, H, Nk, Ds], unit stride in Ds
+    DKT,  # [B, H, Nk, Dt], unit stride in Dt; unused unless TEACHER_GRAD
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
     stride_qtb, stride_qth, stride_qtn,
     stride_ktb, stride_kth, stride_ktn,
     stride_gb, stride_gh, stride_gn,
+    stride_ob, stride_oh, stride_on,  # of DQ (DK)
+    stride_otb, stride_oth, stride_otn,  # of DQT (DKT)
     num_heads, n_q, n_k, d_s, d_t,
     scale_s_log2, scale_t_log2,
     scale_s, scale_t,
@@ -418,13 +422,13 @@ def _attention_kl_bwd_dk_kernel(
         )
 
     tl.store(
-        DK + pid_bh * n_k * d_s + keys64[:, None] * d_s + dims_s[None, :],
+        DK + batch * stride_ob + head * stride_oh + keys64[:, None] * stride_on + dims_s[None, :],
         (dk * scale_s).to(DK.dtype.element_ty),
         mask=key_ok[:, None] & (dims_s[None, :] < d_s),
     )
     if TEACHER_GRAD:
         tl.store(
-            DKT + pid_bh * n_k * d_t + keys64[:, None] * d_t + dims_t[None, :],
+            DKT + batch * stride_otb + head * stride_oth + keys64[:, None] * stride_otn + dims_t[None, :],
             (dkt * scale_t).to(DKT.dtype.element_ty),
             mask=key_ok[:, None] & (dims_t[None, :] < d_t),
         )
@@ -571,6 +575,23 @@ def _strides3(tensor: torch.Tensor) -> tuple[int, int, int]:
     return tensor.stride(0), tensor.stride(1), tensor.stride(2)
 
 
+def _empty_gradient_for(tensor: torch.Tensor) -> torch.Tensor:
+    """An uninitialised gradient buffer for ``tensor``: same shape and dtype, same layout.
+
+    Dense, in the stride order of ``tensor`` (``torch.empty_like``). When the penalty's
+    input is a view the model also hands to ``F.scaled_dot_product_attention`` (timm:
+    q/k of a permuted qkv projection), SDPA's backward returns its gradient in this
+    layout, and the autograd engine adds the two; same layouts make that add one
+    contiguous pass instead of a strided one. The kernels need a unit stride in the head
+    dimension, so a layout without one (only possible with size-1 dimensions) falls back
+    to contiguous.
+    """
+    gradient = torch.empty_like(tensor, memory_format=torch.preserve_format)
+    if gradient.size(-1) > 1 and gradient.stride(-1) != 1:
+        gradient = torch.empty(tensor.shape, dtype=tensor.dtype, device=tensor.device)
+    return gradient
+
+
 def _device_guard(tensor: torch.Tensor):
     # Triton launches on the current CUDA device, which need not be the inputs'.
     return torch.cuda.device(tensor.device) if tensor.is_cuda else contextlib.nullcontext()
@@ -669,16 +690,16 @@ def launch_backward(
 
     Returns:
         [dq, dk] or, with ``teacher_grad``, [dq, dk, dq_teacher, dk_teacher], each
-        contiguous and in the inputs' dtype.
+        in its input's dtype and layout (:func:`_empty_gradient_for`).
     """
     batch, heads, n_q, d_s = q.shape
     n_k, d_t = k.size(2), q_teacher.size(3)
     grad_rows = grad_rows.float()
-    grad_q = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    grad_k = torch.empty(k.shape, dtype=k.dtype, device=k.device)
+    grad_q = _empty_gradient_for(q)
+    grad_k = _empty_gradient_for(k)
     if teacher_grad:
-        grad_q_teacher = torch.empty(q_teacher.shape, dtype=q.dtype, device=q.device)
-        grad_k_teacher = torch.empty(k_teacher.shape, dtype=k.dtype, device=k.device)
+        grad_q_teacher = _empty_gradient_for(q_teacher)
+        grad_k_teacher = _empty_gradient_for(k_teacher)
     else:
         # Never written: TEACHER_GRAD=False compiles the teacher stores away.
         grad_q_teacher = grad_k_teacher = grad_q
@@ -694,15 +715,23 @@ def launch_backward(
     )
     problem_args = _problem_args(q, k, q_teacher, k_teacher, student_scale, teacher_scale)
     input_strides, sizes_and_scales = problem_args[:12], problem_args[12:]
-    sizes = (
-        *input_strides,
-        *_strides3(grad_rows),
-        *sizes_and_scales,
-        student_scale,
-        teacher_scale,
-        _length_bucket(n_q),
-        _length_bucket(n_k),
-    )
+
+    def arguments(output: torch.Tensor, output_teacher: torch.Tensor) -> tuple:
+        return (
+            *common,
+            output,
+            output_teacher,
+            *input_strides,
+            *_strides3(grad_rows),
+            *_strides3(output),
+            *_strides3(output_teacher),
+            *sizes_and_scales,
+            student_scale,
+            teacher_scale,
+            _length_bucket(n_q),
+            _length_bucket(n_k),
+        )
+
     constants = dict(
         CAUSAL=causal,
         TEACHER_GRAD=teacher_grad,
@@ -713,11 +742,11 @@ def launch_backward(
     options = _launch_options("bwd", d_s, d_t, q.dtype)
     with _device_guard(q):
         _backward_dq_kernel(
-            (*common, grad_q, grad_q_teacher, *sizes), constants, options,
+            arguments(grad_q, grad_q_teacher), constants, options,
             length=n_q, batch_heads=batch * heads, block="BLOCK_M",
         )
         _backward_dk_kernel(
-            (*common, grad_k, grad_k_teacher, *sizes), constants, options,
+            arguments(grad_k, grad_k_teacher), constants, options,
             length=n_k, batch_heads=batch * heads, block="BLOCK_N",
         )
     if teacher_grad:
@@ -782,9 +811,9 @@ def _attention_kl_bwd_fake(
     grad_rows, q, k, q_teacher, k_teacher, row_kl, lse_student, lse_teacher,
     student_scale, teacher_scale, causal, teacher_grad,
 ):
-    grads = [q.new_empty(q.shape), k.new_empty(k.shape)]
+    grads = [_empty_gradient_for(q), _empty_gradient_for(k)]
     if teacher_grad:
-        grads += [q_teacher.new_empty(q_teacher.shape), k_teacher.new_empty(k_teacher.shape)]
+        grads += [_empty_gradient_for(q_teacher), _empty_gradient_for(k_teacher)]
     return grads
 
 
