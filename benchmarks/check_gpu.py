@@ -159,8 +159,13 @@ def main() -> None:
     )
     parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
     parser.add_argument("--skip-extras", action="store_true", help="only the per-length checks")
+    parser.add_argument(
+        "--commit", default=None, help="commit to print (default: git rev-parse HEAD, which a copied tree may lack)"
+    )
     args = parser.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    commit = args.commit or subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
     print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__} commit {commit or '?'}")
     torch.manual_seed(0)
     failures = 0 if args.skip_checks else run_checks(args.lengths, args.dtypes, not args.skip_extras)

@@ -147,6 +147,9 @@ class CompiledQK:
             DeiT, DeiT-3, EVA with fused attention).
         layers: ``"all"``, an int n (the last n blocks) or a list of block indices.
         compile_options: keyword arguments for ``torch.compile`` (``None``: defaults).
+            With ``{"mode": "reduce-overhead"}`` the forward replays as CUDA graphs and
+            the returned Q/K live in the graph's memory: the next call overwrites them,
+            so use (or clone) them before calling again.
 
     Attributes:
         block_indices: resolved absolute block indices, ascending.
