@@ -456,14 +456,16 @@ _TILE_SHAPES = {
 }
 # At ViT lengths (both length buckets at most 2048) only these (BLOCK_M, BLOCK_N, warps,
 # stages) are tried: every tile the CUDA-graph-timed autotuner picked on the H200 at 197,
-# 577 and 1025 tokens, and their neighbours. A third of the configs means a third of the
-# compiling on the first call, which there costs far more than the kernels themselves.
+# 577 and 1025 tokens, and their neighbours, plus the fastest dq and dk tiles of a sweep of
+# all 24 at 16x12x1025x64 (benchmarks/TUNING_NOTES.md, row 15). A third to 40 % of the configs
+# means that much of the compiling on the first call, which there costs far more than the
+# kernels themselves.
 SHORT_SEQUENCE_BUCKET = 2048
 _SHORT_SEQUENCE_CANDIDATES = {
     "fwd": {(128, 64, w, s) for w in (4, 8) for s in (2, 3)}
     | {(64, 64, 4, 2), (64, 64, 4, 3), (128, 128, 8, 2), (64, 32, 4, 2)},
     "bwd": {(64, 64, w, s) for w in (4, 8) for s in (2, 3)}
-    | {(128, 64, 8, 2), (64, 128, 8, 2), (32, 64, 4, 2), (128, 128, 8, 2)},
+    | {(128, 64, 8, 2), (64, 128, 8, 2), (32, 64, 4, 2), (128, 128, 8, 2), (64, 32, 4, 3), (128, 64, 4, 2)},
 }
 
 
