@@ -204,18 +204,10 @@ def gap_causes(events: list[dict], gaps: Sequence[tuple[float, float]]) -> colle
 def step_row(args: argparse.Namespace, method: str, image_size: int, batch: int, trace_dir: Path) -> dict:
     """Table 2, one method: wall median, and on CUDA kernel sums, idle time and categories."""
     trainer = build_step_trainer(args, method, image_size)
-    images, labels = e2e.random_batch(batch, image_size, trainer.num_classes, args.device)
-    for _ in range(args.warmup_steps):
-        trainer.step(images, labels)
-    _sync(args.device)
-    times = []
-    for _ in range(args.steps):
-        start = time.perf_counter()
-        trainer.step(images, labels)
-        _sync(args.device)
-        times.append(time.perf_counter() - start)
-    row = {"image_size": image_size, "batch": batch, "method": method, "wall_ms": statistics.median(times) * 1e3}
+    wall_ms, _ = e2e.time_steps(trainer, batch, image_size, args.warmup_steps, args.steps)
+    row = {"image_size": image_size, "batch": batch, "method": method, "wall_ms": wall_ms}
     if args.device.type == "cuda":
+        images, labels = e2e.random_batch(batch, image_size, trainer.num_classes, args.device)
         events = profiled_steps(trainer, images, labels, args.profile_steps, trace_dir / f"{method}.json")
         kernels = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "kernel")
         by_category: collections.Counter = collections.Counter()
@@ -247,7 +239,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--teacher", action="store_true", help="also time the teacher's forward alone (table 1)")
     parser.add_argument(
-        "--compile-mode", default=None, choices=e2e.COMPILE_MODES[1:], help="one more compiled teacher variant in this mode"
+        "--compile-mode", default=None, choices=e2e.COMPILE_MODES[1:],
+        help="one more compiled teacher variant in this mode",
     )
     parser.add_argument(
         "--methods", nargs="*", choices=STEP_METHODS, default=["none", "capture", "teacher", "triton"],

@@ -129,7 +129,7 @@ def test_plugin_runs_the_teacher_before_the_student_and_drops_it_before_backward
     plugin.after_forward(strategy)
     plugin.before_backward(strategy)
     assert order == ["teacher", "student"]
-    assert plugin._teacher_qk is None
+    assert plugin._teacher_run is None
     strategy.loss.backward()
     assert "compile_teacher=True" in repr(plugin)
 

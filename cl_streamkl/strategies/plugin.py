@@ -42,6 +42,11 @@ __all__ = ["StreamKLPlugin"]
 STATE_FORMAT = "cl_streamkl.StreamKLPlugin/1"
 
 
+def _version(minibatch: object) -> int:
+    """A tensor's in-place version counter (0 for inputs that are not tensors)."""
+    return getattr(minibatch, "_version", 0)
+
+
 class StreamKLPlugin(SupervisedPlugin):
     """Distil the previous experience's attention into the current model (StreamKL).
 
@@ -78,9 +83,9 @@ class StreamKLPlugin(SupervisedPlugin):
             alpha=alpha, layers=layers, temperature=temperature, backend=backend, compile_teacher=compile_teacher
         )
         self._capture: QKCapture | None = None
-        self._teacher_qk: TeacherQK | None = None
-        # The minibatch the teacher ran on and its in-place version counter.
-        self._teacher_input: tuple[object, int] | None = None
+        # The teacher's Q/K of this iteration, the minibatch it ran on and that
+        # minibatch's in-place version counter.
+        self._teacher_run: tuple[TeacherQK, object, int] | None = None
         self._last_penalty: torch.Tensor | float = 0.0
 
     @property
@@ -111,8 +116,7 @@ class StreamKLPlugin(SupervisedPlugin):
             if self.distiller.alpha > 0.0:
                 # Teacher first: its queued GPU work keeps the device busy while the host
                 # issues the student's (launch-bound) forward.
-                self._teacher_qk = self.distiller.teacher_qk(strategy.mb_x)
-                self._teacher_input = (strategy.mb_x, getattr(strategy.mb_x, "_version", 0))
+                self._teacher_run = (self.distiller.teacher_qk(strategy.mb_x), strategy.mb_x, _version(strategy.mb_x))
             self._capture = self.distiller.student_capture(strategy.model)
             self._capture.__enter__()
 
@@ -126,13 +130,12 @@ class StreamKLPlugin(SupervisedPlugin):
             self._last_penalty = 0.0
             return
         self._capture = None
-        teacher, self._teacher_qk = self._teacher_qk, None
-        ran_on, version = self._teacher_input or (None, 0)
-        if strategy.mb_x is not ran_on or getattr(ran_on, "_version", 0) != version:
+        teacher, ran_on, version = self._teacher_run or (None, None, 0)
+        self._teacher_run = None
+        if strategy.mb_x is not ran_on or _version(ran_on) != version:
             # Another plugin replaced or edited the minibatch after our before_forward:
             # the teacher must see what the student saw, so penalty() runs it again.
             teacher = None
-        self._teacher_input = None
         penalty = self.distiller.penalty(strategy.mb_x, capture.qk, student_scales=capture.scales, teacher=teacher)
         capture.clear()
         strategy.loss += penalty
@@ -149,8 +152,7 @@ class StreamKLPlugin(SupervisedPlugin):
         self._close_capture()
 
     def _close_capture(self) -> None:
-        self._teacher_qk = None
-        self._teacher_input = None
+        self._teacher_run = None
         if self._capture is not None:
             self._capture.remove_hooks()
             self._capture.clear()
