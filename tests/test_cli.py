@@ -161,7 +161,7 @@ def test_help_lists_strategies_and_datasets(capsys):
 
 def test_compile_teacher_flag_reaches_the_plugin():
     from cl_streamkl.cli import _config_from_args, build_parser
-    from cl_streamkl.experiment.strategies import build_plugins
+    from cl_streamkl.experiment.strategy_plugins import build_plugins
 
     args = build_parser().parse_args(["run", *TINY, "--strategies", "streamkl", "--compile-teacher"])
     config = _config_from_args(args).resolved()

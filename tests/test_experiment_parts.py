@@ -101,7 +101,16 @@ def test_config_resolution_and_errors():
     assert ExperimentConfig.from_dict(cfg.to_dict()) == cfg
     assert strategy_components("replay+streamkl") == {"replay", "streamkl"}
     assert strategy_components("naive") == set()
-    for bad, match in [({"strategies": ["gem"]}, "unknown strategy 'gem'"),
+    for bad, match in [({"strategies": ["gem"]}, "unknown strategy component 'gem'"),
+                       ({"strategies": ["naive+lwf"]}, "unknown strategy component 'naive'"),
+                       ({"strategies": ["lwf+streamkl", "streamkl+lwf"]}, "repeat a combination"),
+                       ({"strategies": ["lwf+lwf"]}, "repeats a component"),
+                       ({"strategies": ["streamkl+pad"]}, "both attention distillations"),
+                       ({"strategies": ["wa"], "scenario": "task"}, "needs scenario 'class'"),
+                       ({"scenario": "instance"}, "scenario"),
+                       ({"scenario": "domain", "first_experience_classes": 4}, "first_experience_classes"),
+                       ({"domain_shift": "blur"}, "domain_shift"),
+                       ({"pad_alpha": -1.0}, "pad_alpha"),
                        ({"strategies": ["lwf", "lwf"]}, "repeat"),
                        ({"seeds": []}, "seeds"),
                        ({"image_size": 30}, "not divisible"),

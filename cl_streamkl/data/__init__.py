@@ -1,16 +1,21 @@
-"""Class-incremental streams: Split-Digits, split CIFAR-10/100, Tiny-ImageNet, ImageFolder."""
+"""Continual streams (class-, task- and domain-incremental) over offline and on-disk image datasets."""
 
 from cl_streamkl.data.images import FileImages, TensorImages
 from cl_streamkl.data.registry import DATASETS, build_stream, load_splits
-from cl_streamkl.data.stream import ClassIncrementalStream, LabeledSplits, split_class_incremental
+from cl_streamkl.data.stream import (
+    DOMAIN_SHIFTS, SCENARIOS, ExperienceStream, LabeledSplits, split_class_incremental, split_domain_incremental,
+)
 
 __all__ = [
     "DATASETS",
-    "ClassIncrementalStream",
+    "DOMAIN_SHIFTS",
+    "SCENARIOS",
+    "ExperienceStream",
     "FileImages",
     "LabeledSplits",
     "TensorImages",
     "build_stream",
     "load_splits",
     "split_class_incremental",
+    "split_domain_incremental",
 ]

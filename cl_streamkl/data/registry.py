@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from cl_streamkl.data.bundled import load_digits, load_mnist5k
 from cl_streamkl.data.cifar import load_cifar
-from cl_streamkl.data.digits import load_digits
 from cl_streamkl.data.image_folder import load_image_folder
-from cl_streamkl.data.stream import ClassIncrementalStream, LabeledSplits, split_class_incremental
+from cl_streamkl.data.stream import (
+    ExperienceStream, LabeledSplits, split_class_incremental, split_domain_incremental,
+)
 from cl_streamkl.data.tiny_imagenet import load_tiny_imagenet
 
 
@@ -23,6 +25,7 @@ class DatasetInfo:
 
 DATASETS: dict[str, DatasetInfo] = {
     "digits": DatasetInfo(n_experiences=5, native_size=8, needs_root=False),
+    "mnist5k": DatasetInfo(n_experiences=5, native_size=28, needs_root=False),
     "cifar10": DatasetInfo(n_experiences=5, native_size=32, needs_root=True),
     "cifar100": DatasetInfo(n_experiences=10, native_size=32, needs_root=True),
     "tiny-imagenet": DatasetInfo(n_experiences=10, native_size=64, needs_root=True),
@@ -43,7 +46,8 @@ def load_splits(
 
     Args:
         name: one of :data:`DATASETS`.
-        data_root: where the files live; required for every dataset except ``digits``.
+        data_root: where the files live; required for every dataset except the bundled
+            ``digits`` and ``mnist5k``.
         image_size: side length of the images the loaders return.
         download: allow fetching CIFAR / Tiny-ImageNet into ``data_root`` when missing.
         in_chans: channels for ``imagefolder`` (default 3); other datasets have fixed channels.
@@ -58,6 +62,8 @@ def load_splits(
         raise ValueError(f"in_chans can only be chosen for 'imagefolder'; {name!r} has fixed channels")
     if name == "digits":
         return load_digits(image_size=image_size, split_seed=split_seed)
+    if name == "mnist5k":
+        return load_mnist5k(image_size=image_size, split_seed=split_seed)
     if data_root is None:
         raise ValueError(f"dataset {name!r} needs --data-root (the folder holding its files)")
     root = Path(data_root).expanduser()
@@ -80,11 +86,35 @@ def build_stream(
     seed: int,
     val_fraction: float,
     split_seed: int = 0,
-) -> ClassIncrementalStream:
-    """Split loaded data class-incrementally; ``n_experiences=None`` takes the dataset default."""
+    scenario: str = "class",
+    first_experience_classes: int | None = None,
+    image_size: int | None = None,
+    domain_shift: str = "rotate",
+    rotation_step: float = 30.0,
+) -> ExperienceStream:
+    """Split loaded data into a ``scenario`` stream; ``n_experiences=None`` takes the dataset default.
+
+    ``first_experience_classes`` applies to ``class`` and ``task``; ``image_size``,
+    ``domain_shift`` and ``rotation_step`` to ``domain`` (see :mod:`cl_streamkl.data.stream`).
+
+    Raises:
+        ValueError: unknown scenario, or options that do not fit it or the data.
+    """
     if n_experiences is None:
         n_experiences = DATASETS[splits.name].n_experiences
+    if scenario == "domain":
+        if first_experience_classes is not None:
+            raise ValueError("first_experience_classes needs scenario 'class' or 'task': "
+                             "in 'domain' every experience holds every class")
+        if image_size is None:
+            raise ValueError("scenario 'domain' needs image_size")
+        return split_domain_incremental(
+            splits, n_experiences=n_experiences, seed=seed, image_size=image_size, val_fraction=val_fraction,
+            split_seed=split_seed, shift=domain_shift, rotation_step=rotation_step,
+        )
+    if scenario not in ("class", "task"):
+        raise ValueError(f"scenario must be one of class, task, domain; got {scenario!r}")
     return split_class_incremental(
-        splits, n_experiences=n_experiences, seed=seed,
-        val_fraction=val_fraction, split_seed=split_seed,
+        splits, n_experiences=n_experiences, seed=seed, val_fraction=val_fraction, split_seed=split_seed,
+        first_experience_classes=first_experience_classes, task_labels=scenario == "task",
     )

@@ -1,16 +1,30 @@
-"""Class-incremental splitting: a labelled train/test pair in, per-experience datasets out."""
+"""Continual streams: a labelled train/test pair in, per-experience datasets out.
+
+Three scenarios (van de Ven et al. 2022, "Three types of incremental learning"):
+
+- ``class``: each experience brings new classes; one shared head over all classes;
+  no task label at test time.
+- ``task``: the same class split, but every sample carries its experience's task label
+  and labels are renumbered within the experience (0..k-1): one head per experience.
+- ``domain``: every experience holds all classes, under an input shift of its own (a
+  fixed rotation or a fixed pixel permutation); one shared head.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 from avalanche.benchmarks.utils import _make_taskaware_classification_dataset
 from avalanche.benchmarks.utils.data import AvalancheDataset
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import Dataset
+from torchvision.transforms.v2 import functional as TF
 
 EVAL_SPLITS = ("test", "val")
+SCENARIOS = ("class", "task", "domain")
+DOMAIN_SHIFTS = ("rotate", "permute")
 
 
 @dataclass
@@ -35,15 +49,28 @@ class LabeledSplits:
 
 
 @dataclass
-class ClassIncrementalStream:
-    """A class-incremental stream: experience i holds the classes ``experience_classes[i]``.
+class ExperienceStream:
+    """The experiences of one continual stream, ready for Avalanche.
 
     ``train``, ``val`` and ``test`` hold one Avalanche classification dataset per
-    experience (task label 0, original class labels kept, one shared head). ``val``
-    is carved out of the training data, never out of ``test``.
+    experience; ``val`` is carved out of the training data, never out of ``test``.
+
+    Attributes:
+        name: dataset name.
+        scenario: ``"class"``, ``"task"`` or ``"domain"``.
+        num_classes: classes of the dataset.
+        in_chans: image channels.
+        class_order: the seeded class order (``domain``: ``0..num_classes-1``).
+        experience_classes: the dataset's class ids in each experience (``domain``: all
+            classes in every experience).
+        shifts: per experience, the input shift it applies (``domain``), else empty.
+        train / val / test: per-experience datasets. In ``task`` they carry task label i
+            for experience i and labels renumbered to the position of the class in
+            ``experience_classes[i]``; otherwise task label 0 and the dataset's labels.
     """
 
     name: str
+    scenario: str
     num_classes: int
     in_chans: int
     class_order: list[int]
@@ -51,10 +78,18 @@ class ClassIncrementalStream:
     train: list[AvalancheDataset]
     val: list[AvalancheDataset]
     test: list[AvalancheDataset]
+    shifts: list[str] = field(default_factory=list)
 
     @property
     def n_experiences(self) -> int:
         return len(self.train)
+
+    @property
+    def head_sizes(self) -> list[int] | None:
+        """Outputs of each experience's head in ``task``; ``None`` (one shared head) otherwise."""
+        if self.scenario != "task":
+            return None
+        return [len(classes) for classes in self.experience_classes]
 
     def eval_datasets(self, split: str) -> list[AvalancheDataset]:
         """The per-experience datasets used to fill the accuracy matrix (``"test"`` or ``"val"``)."""
@@ -65,11 +100,33 @@ class ClassIncrementalStream:
         return self.test if split == "test" else self.val
 
 
-def _as_avalanche(dataset: Dataset, indices: Sequence[int], targets: Sequence[int]) -> AvalancheDataset:
-    subset = Subset(dataset, list(indices))
-    return _make_taskaware_classification_dataset(
-        subset, targets=[targets[i] for i in indices], task_labels=0
-    )
+class _ExperienceView(Dataset):
+    """Samples ``indices`` of ``base``, labels mapped through ``label_map``, images through ``shift``."""
+
+    def __init__(self, base: Dataset, indices: Sequence[int], labels: Sequence[int],
+                 shift: Callable[[torch.Tensor], torch.Tensor] | None) -> None:
+        self.base, self.indices, self.targets, self.shift = base, list(indices), list(labels), shift
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        image = self.base[self.indices[index]][0]
+        return (image if self.shift is None else self.shift(image)), self.targets[index]
+
+
+def _experience_dataset(
+    base: Dataset,
+    indices: np.ndarray,
+    base_targets: np.ndarray,
+    *,
+    task_label: int = 0,
+    label_map: dict[int, int] | None = None,
+    shift: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> AvalancheDataset:
+    labels = [int(t) if label_map is None else label_map[int(t)] for t in base_targets[indices]]
+    view = _ExperienceView(base, indices.tolist(), labels, shift)
+    return _make_taskaware_classification_dataset(view, targets=labels, task_labels=task_label)
 
 
 def _holdout_per_class(
@@ -87,38 +144,7 @@ def _holdout_per_class(
     return np.sort(np.concatenate(kept)), np.sort(np.concatenate(held))
 
 
-def split_class_incremental(
-    splits: LabeledSplits,
-    *,
-    n_experiences: int,
-    seed: int,
-    val_fraction: float = 0.1,
-    split_seed: int = 0,
-) -> ClassIncrementalStream:
-    """Split a dataset into a class-incremental stream with equal classes per experience.
-
-    Args:
-        splits: whole train/test sets from a loader.
-        n_experiences: number of experiences; must divide ``splits.num_classes``.
-        seed: seeds the class order (different seeds, different orders).
-        val_fraction: fraction of each class's training samples held out for validation,
-            in [0, 1).
-        split_seed: seeds the train/validation split, kept fixed across run seeds so
-            every seed validates on the same samples.
-
-    Returns:
-        The stream; experience i holds classes ``class_order[i*k:(i+1)*k]`` with
-        k = num_classes / n_experiences.
-
-    Raises:
-        ValueError: n_experiences does not divide the classes, val_fraction is out of
-            range, or a class has no training or test samples.
-    """
-    if n_experiences < 1 or splits.num_classes % n_experiences:
-        raise ValueError(
-            f"n_experiences must be a positive divisor of the {splits.num_classes} classes of "
-            f"{splits.name!r}; got {n_experiences}"
-        )
+def _check_splits(splits: LabeledSplits, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
     if not 0.0 <= val_fraction < 1.0:
         raise ValueError(f"val_fraction must be in [0, 1); got {val_fraction}")
     train_targets = np.asarray(splits.train.targets, dtype=np.int64)
@@ -127,22 +153,188 @@ def split_class_incremental(
         missing = sorted(set(range(splits.num_classes)) - set(np.unique(targets).tolist()))
         if missing:
             raise ValueError(f"{splits.name!r}: classes {missing} have no {label_name} samples")
+    return train_targets, test_targets
 
+
+def experience_sizes(num_classes: int, n_experiences: int, first_experience_classes: int | None) -> list[int]:
+    """Classes per experience: equal shares, or ``first_experience_classes`` then equal shares.
+
+    Raises:
+        ValueError: the classes cannot be shared out that way.
+    """
+    if n_experiences < 1:
+        raise ValueError(f"n_experiences must be positive; got {n_experiences}")
+    if first_experience_classes is None:
+        if num_classes % n_experiences:
+            raise ValueError(f"n_experiences must divide the {num_classes} classes; got {n_experiences} "
+                             "(or set first_experience_classes)")
+        return [num_classes // n_experiences] * n_experiences
+    first = first_experience_classes
+    if not 1 <= first < num_classes or n_experiences < 2:
+        raise ValueError(f"first_experience_classes must be in [1, {num_classes}) with at least 2 experiences; "
+                         f"got {first} with {n_experiences} experiences")
+    rest, later = num_classes - first, n_experiences - 1
+    if rest % later:
+        raise ValueError(f"after {first} classes first, the other {rest} classes do not split evenly "
+                         f"into {later} experiences")
+    return [first] + [rest // later] * later
+
+
+def split_class_incremental(
+    splits: LabeledSplits,
+    *,
+    n_experiences: int,
+    seed: int,
+    val_fraction: float = 0.1,
+    split_seed: int = 0,
+    first_experience_classes: int | None = None,
+    task_labels: bool = False,
+) -> ExperienceStream:
+    """Split a dataset into a class-incremental (or, with ``task_labels``, task-incremental) stream.
+
+    Args:
+        splits: whole train/test sets from a loader.
+        n_experiences: number of experiences.
+        seed: seeds the class order (different seeds, different orders).
+        val_fraction: fraction of each class's training samples held out for validation,
+            in [0, 1).
+        split_seed: seeds the train/validation split, kept fixed across run seeds so
+            every seed validates on the same samples.
+        first_experience_classes: classes of the first experience (the others share the
+            rest equally); ``None`` gives every experience the same number.
+        task_labels: build the ``task`` scenario: task label i on experience i, labels
+            renumbered within each experience.
+
+    Returns:
+        The stream; experience i holds the next ``sizes[i]`` classes of ``class_order``.
+
+    Raises:
+        ValueError: the classes cannot be split that way, val_fraction is out of range,
+            or a class has no training or test samples.
+    """
+    sizes = experience_sizes(splits.num_classes, n_experiences, first_experience_classes)
+    train_targets, test_targets = _check_splits(splits, val_fraction)
     class_order = np.random.default_rng(seed).permutation(splits.num_classes).tolist()
-    per_exp = splits.num_classes // n_experiences
-    experience_classes = [class_order[i * per_exp:(i + 1) * per_exp] for i in range(n_experiences)]
+    bounds = np.cumsum([0, *sizes])
+    experience_classes = [class_order[bounds[i]:bounds[i + 1]] for i in range(n_experiences)]
     kept, held = _holdout_per_class(train_targets, val_fraction, np.random.default_rng(split_seed))
 
-    train_list, test_list = train_targets.tolist(), test_targets.tolist()
-    stream = ClassIncrementalStream(
-        name=splits.name, num_classes=splits.num_classes, in_chans=splits.in_chans,
-        class_order=class_order, experience_classes=experience_classes, train=[], val=[], test=[],
+    stream = ExperienceStream(
+        name=splits.name, scenario="task" if task_labels else "class", num_classes=splits.num_classes,
+        in_chans=splits.in_chans, class_order=class_order, experience_classes=experience_classes,
+        train=[], val=[], test=[],
     )
-    for classes in experience_classes:
-        stream.train.append(_as_avalanche(
-            splits.train, kept[np.isin(train_targets[kept], classes)], train_list))
-        stream.val.append(_as_avalanche(
-            splits.train, held[np.isin(train_targets[held], classes)], train_list))
-        stream.test.append(_as_avalanche(
-            splits.test, np.flatnonzero(np.isin(test_targets, classes)), test_list))
+    for task, classes in enumerate(experience_classes):
+        options = ({"task_label": task, "label_map": {c: i for i, c in enumerate(classes)}}
+                   if task_labels else {})
+        stream.train.append(_experience_dataset(
+            splits.train, kept[np.isin(train_targets[kept], classes)], train_targets, **options))
+        stream.val.append(_experience_dataset(
+            splits.train, held[np.isin(train_targets[held], classes)], train_targets, **options))
+        stream.test.append(_experience_dataset(
+            splits.test, np.flatnonzero(np.isin(test_targets, classes)), test_targets, **options))
+    return stream
+
+
+class _Rotation:
+    """Rotates (C, S, S) images by a fixed angle; corners filled with -1 (black once normalised)."""
+
+    def __init__(self, degrees: float) -> None:
+        self.degrees = degrees
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        return TF.rotate(image, self.degrees, fill=-1.0)
+
+
+class _PixelPermutation:
+    """Reorders the pixels of (C, S, S) images by one fixed permutation, the same for every channel."""
+
+    def __init__(self, order: torch.Tensor) -> None:
+        self.order = order
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        return image.flatten(1)[:, self.order].view_as(image)
+
+
+def domain_shift(kind: str, domain: int, *, image_size: int, rotation_step: float = 30.0,
+                 split_seed: int = 0) -> tuple[str, Callable[[torch.Tensor], torch.Tensor] | None]:
+    """The fixed input shift of domain ``domain``: (description, function on (C, S, S) images).
+
+    ``rotate``: by ``domain * rotation_step`` degrees. ``permute``: domain 0 unchanged,
+    domain d > 0 a pixel permutation drawn from (split_seed, d). The function is ``None``
+    where the images stay as they are.
+    """
+    if kind not in DOMAIN_SHIFTS:
+        raise ValueError(f"domain shift must be one of {DOMAIN_SHIFTS}; got {kind!r}")
+    if kind == "rotate":
+        degrees = domain * rotation_step
+        return f"rotate {degrees:g} degrees", (_Rotation(degrees) if degrees else None)
+    if domain == 0:
+        return "identity", None
+    order = np.random.default_rng([split_seed, domain]).permutation(image_size * image_size)
+    return f"pixel permutation {domain}", _PixelPermutation(torch.from_numpy(order))
+
+
+def split_domain_incremental(
+    splits: LabeledSplits,
+    *,
+    n_experiences: int,
+    seed: int,
+    image_size: int,
+    val_fraction: float = 0.1,
+    split_seed: int = 0,
+    shift: str = "rotate",
+    rotation_step: float = 30.0,
+) -> ExperienceStream:
+    """Split a dataset into a domain-incremental stream: all classes, one input shift per experience.
+
+    The training data (after the validation hold-out) is divided into ``n_experiences``
+    stratified, disjoint parts, so each experience trains on new images of every class
+    under its shift. Validation and test data are the whole held-out and test sets under
+    each experience's shift.
+
+    Args:
+        splits: whole train/test sets from a loader.
+        n_experiences: number of experiences (domains).
+        seed: seeds the order in which the domains arrive.
+        image_size: side of the images (a permutation is drawn over its pixels).
+        val_fraction: fraction of each class's training samples held out for validation.
+        split_seed: seeds the train/validation split, the division into parts and the
+            pixel permutations, fixed across run seeds.
+        shift: ``"rotate"`` or ``"permute"`` (see :func:`domain_shift`).
+        rotation_step: degrees between consecutive rotated domains.
+
+    Raises:
+        ValueError: unknown shift, fewer training samples per class than experiences,
+            val_fraction out of range, or a class without samples.
+    """
+    if n_experiences < 1:
+        raise ValueError(f"n_experiences must be positive; got {n_experiences}")
+    train_targets, test_targets = _check_splits(splits, val_fraction)
+    rng = np.random.default_rng(split_seed)
+    kept, held = _holdout_per_class(train_targets, val_fraction, rng)
+    parts: list[list[np.ndarray]] = [[] for _ in range(n_experiences)]
+    for cls in range(splits.num_classes):
+        idx = rng.permutation(kept[train_targets[kept] == cls])
+        if len(idx) < n_experiences:
+            raise ValueError(f"{splits.name!r}: class {cls} has {len(idx)} training samples for "
+                             f"{n_experiences} domains")
+        for part, chunk in zip(parts, np.array_split(idx, n_experiences)):
+            part.append(chunk)
+    domains = np.random.default_rng(seed).permutation(n_experiences).tolist()
+    stream = ExperienceStream(
+        name=splits.name, scenario="domain", num_classes=splits.num_classes, in_chans=splits.in_chans,
+        class_order=list(range(splits.num_classes)),
+        experience_classes=[list(range(splits.num_classes)) for _ in range(n_experiences)],
+        train=[], val=[], test=[],
+    )
+    for part, domain in zip(parts, domains):
+        description, function = domain_shift(shift, domain, image_size=image_size,
+                                              rotation_step=rotation_step, split_seed=split_seed)
+        stream.shifts.append(description)
+        stream.train.append(_experience_dataset(splits.train, np.sort(np.concatenate(part)), train_targets,
+                                                shift=function))
+        stream.val.append(_experience_dataset(splits.train, held, train_targets, shift=function))
+        stream.test.append(_experience_dataset(splits.test, np.arange(len(test_targets)), test_targets,
+                                               shift=function))
     return stream

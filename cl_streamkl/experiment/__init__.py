@@ -1,7 +1,7 @@
 """Class-incremental experiments: configuration, model and strategy factories, run loop, outputs."""
 
-from cl_streamkl.experiment.config import DEFAULT_STRATEGIES, STRATEGIES, ExperimentConfig
-from cl_streamkl.experiment.metrics import (
+from cl_streamkl.experiment.config import DEFAULT_STRATEGIES, STRATEGY_COMPONENTS, ExperimentConfig
+from cl_streamkl.experiment.accuracy_matrix import (
     average_accuracy_per_experience,
     average_forgetting,
     backward_transfer,
@@ -13,7 +13,7 @@ from cl_streamkl.experiment.summary import format_table, summarize
 
 __all__ = [
     "DEFAULT_STRATEGIES",
-    "STRATEGIES",
+    "STRATEGY_COMPONENTS",
     "ExperimentConfig",
     "RunResult",
     "average_accuracy_per_experience",

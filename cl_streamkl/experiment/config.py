@@ -7,10 +7,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cl_streamkl.data.registry import DATASETS
-from cl_streamkl.data.stream import EVAL_SPLITS
+from cl_streamkl.data.stream import DOMAIN_SHIFTS, EVAL_SPLITS, SCENARIOS
 from cl_streamkl.experiment.model import check_model_name
 
-STRATEGIES = ("naive", "lwf", "ewc", "replay", "streamkl", "lwf+streamkl", "replay+streamkl")
+# What a strategy name combines with "+": "naive" alone, or any of these (e.g. "lwf+streamkl").
+STRATEGY_COMPONENTS = ("lwf", "ewc", "replay", "wa", "streamkl", "pad")
+ATTENTION_DISTILLATIONS = ("streamkl", "pad")
 DEFAULT_STRATEGIES = ("naive", "lwf", "streamkl", "lwf+streamkl")
 AMP_MODES = ("none", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -33,6 +35,7 @@ class ExperimentConfig:
     """
 
     dataset: str = "digits"
+    scenario: str = "class"
     data_root: str | None = None
     download: bool = False
     n_experiences: int | None = None
@@ -41,6 +44,9 @@ class ExperimentConfig:
     eval_split: str = "test"
     image_size: int | None = None
     in_chans: int | None = None
+    first_experience_classes: int | None = None
+    domain_shift: str = "rotate"
+    rotation_step: float = 30.0
 
     model: str = DEFAULT_MODEL
     model_kwargs: dict[str, Any] | None = None
@@ -61,6 +67,7 @@ class ExperimentConfig:
     temperature: float = 0.5
     kl_backend: str = "auto"
     compile_teacher: bool = False
+    pad_alpha: float = 1.0
     lwf_alpha: float = 1.0
     lwf_temperature: float = 2.0
     ewc_lambda: float = 100.0
@@ -90,14 +97,20 @@ class ExperimentConfig:
             raise ValueError(
                 f"image size {cfg.image_size} is not divisible by patch size {cfg.patch_size}"
             )
-        unknown = [s for s in cfg.strategies if s not in STRATEGIES]
-        if unknown or not cfg.strategies:
-            raise ValueError(
-                f"unknown strategy {unknown[0] if unknown else '(none given)'!r}; "
-                f"choose from {', '.join(STRATEGIES)}"
-            )
-        if len(set(cfg.strategies)) != len(cfg.strategies):
-            raise ValueError(f"strategies repeat a name: {cfg.strategies}")
+        if cfg.scenario not in SCENARIOS:
+            raise ValueError(f"scenario must be one of {SCENARIOS}; got {cfg.scenario!r}")
+        if cfg.domain_shift not in DOMAIN_SHIFTS:
+            raise ValueError(f"domain_shift must be one of {DOMAIN_SHIFTS}; got {cfg.domain_shift!r}")
+        if cfg.first_experience_classes is not None:
+            _check_positive(cfg, "first_experience_classes")
+            if cfg.scenario == "domain":
+                raise ValueError("first_experience_classes needs scenario 'class' or 'task': "
+                                 "in 'domain' every experience holds every class")
+        if not cfg.strategies:
+            raise ValueError("strategies must name at least one strategy")
+        components = [strategy_components(name, cfg.scenario) for name in cfg.strategies]
+        if len(set(components)) != len(components):
+            raise ValueError(f"strategies repeat a combination: {cfg.strategies}")
         if not cfg.seeds or len(set(cfg.seeds)) != len(cfg.seeds):
             raise ValueError(f"seeds must be distinct integers; got {cfg.seeds}")
         if cfg.eval_split not in EVAL_SPLITS:
@@ -110,8 +123,8 @@ class ExperimentConfig:
             raise ValueError(f"device must be one of {DEVICES}; got {cfg.device!r}")
         if cfg.lr <= 0 or cfg.temperature <= 0 or cfg.lwf_temperature <= 0:
             raise ValueError("lr, temperature and lwf_temperature must be > 0")
-        if cfg.alpha < 0 or cfg.lwf_alpha < 0 or cfg.ewc_lambda < 0 or cfg.mem_size < 0:
-            raise ValueError("alpha, lwf_alpha, ewc_lambda and mem_size must be >= 0")
+        if min(cfg.alpha, cfg.lwf_alpha, cfg.ewc_lambda, cfg.mem_size, cfg.pad_alpha) < 0:
+            raise ValueError("alpha, lwf_alpha, ewc_lambda, mem_size and pad_alpha must be >= 0")
         if not isinstance(cfg.compile_teacher, bool):
             raise ValueError(f"compile_teacher must be true or false; got {cfg.compile_teacher!r}")
         return cfg
@@ -137,8 +150,29 @@ def _check_positive(cfg: ExperimentConfig, *names: str) -> None:
             raise ValueError(f"{name} must be a positive integer; got {value!r}")
 
 
-def strategy_components(name: str) -> set[str]:
-    """``"lwf+streamkl"`` → ``{"lwf", "streamkl"}``."""
-    if name not in STRATEGIES:
-        raise ValueError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
-    return set(name.split("+")) - {"naive"}
+def strategy_components(name: str, scenario: str = "class") -> frozenset[str]:
+    """The components a strategy name combines: ``"lwf+streamkl"`` → ``{"lwf", "streamkl"}``.
+
+    ``"naive"`` (alone) has none. Order does not matter (``"streamkl+lwf"`` is the same
+    strategy).
+
+    Raises:
+        ValueError: an unknown or repeated component, ``naive`` combined with others,
+            both attention distillations at once, or weight aligning (``wa``, a
+            correction of one shared head over all classes) outside scenario ``class``.
+    """
+    parts = name.split("+")
+    if name == "naive":
+        return frozenset()
+    unknown = [part for part in parts if part not in STRATEGY_COMPONENTS]
+    if unknown:
+        raise ValueError(f"unknown strategy component {unknown[0]!r} in {name!r}; use 'naive' or combine "
+                         f"{', '.join(STRATEGY_COMPONENTS)} with '+'")
+    if len(set(parts)) != len(parts):
+        raise ValueError(f"strategy {name!r} repeats a component")
+    if set(ATTENTION_DISTILLATIONS) <= set(parts):
+        raise ValueError(f"strategy {name!r} combines both attention distillations; choose streamkl or pad")
+    if "wa" in parts and scenario != "class":
+        raise ValueError(f"strategy {name!r}: weight aligning corrects one head shared by all classes, "
+                         f"so it needs scenario 'class' (got {scenario!r})")
+    return frozenset(parts)

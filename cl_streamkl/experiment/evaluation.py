@@ -1,4 +1,4 @@
-"""Accuracy of a model on each experience's evaluation data (one row of the accuracy matrix)."""
+"""Accuracy of a model on each experience's evaluation data (one row of the accuracy matrices)."""
 
 from __future__ import annotations
 
@@ -20,26 +20,31 @@ def accuracy_per_experience(
     device: torch.device,
     amp: str = "none",
     class_sets: Sequence[Sequence[int]] | None = None,
+    task_heads: bool = False,
 ) -> tuple[list[float], list[float]]:
-    """Top-1 accuracy on each dataset, class-incremental and (optionally) task-aware.
+    """Top-1 accuracy on each dataset, with one shared head or each experience's own.
 
     Args:
-        model: maps (B, C, S, S) images to (B, num_classes) logits.
+        model: maps (B, C, S, S) images to (B, num_classes) logits; with ``task_heads``,
+            ``model(images, j)`` gives experience j's head.
         datasets: one dataset per experience, items ``(image, label, ...)``.
         batch_size: evaluation batch size.
         device: where the model lives.
         amp: autocast mode used for the forward pass.
-        class_sets: the classes of each experience. When given, the second list holds the
-            task-aware accuracy: the argmax taken over that experience's classes only. It
-            tells how much class information the features keep, apart from the
-            classifier's bias toward recent classes.
+        class_sets: the classes of each experience (shared head only). When given, the
+            second list holds Task-IL accuracy: the argmax taken over that experience's
+            classes only, which tells how much class information the features keep,
+            apart from the classifier's bias toward recent classes.
+        task_heads: evaluate experience j with head j (the task scenario).
 
     Returns:
-        ``(class_incremental, task_aware)``: accuracies in [0, 1] per dataset (0.0 for an
-        empty dataset); ``task_aware`` is empty without ``class_sets``.
+        ``(accuracy, task_il)``: accuracies in [0, 1] per dataset (0.0 for an empty
+        dataset); ``task_il`` is empty without ``class_sets``.
     """
     if class_sets is not None and len(class_sets) != len(datasets):
         raise ValueError(f"class_sets has {len(class_sets)} entries for {len(datasets)} datasets")
+    if class_sets is not None and task_heads:
+        raise ValueError("class_sets restricts a shared head; with task_heads every experience has its own")
     was_training = model.training
     model.eval()
     accuracies, task_accuracies = [], []
@@ -49,7 +54,7 @@ def accuracy_per_experience(
             for batch in DataLoader(dataset, batch_size=batch_size, shuffle=False):
                 images, labels = batch[0].to(device), batch[1].to(device)
                 with autocast(device, amp):
-                    logits = model(images).float()
+                    logits = (model(images, index) if task_heads else model(images)).float()
                 correct += int((logits.argmax(dim=1) == labels).sum())
                 if class_sets is not None:
                     classes = torch.as_tensor(list(class_sets[index]), device=device)

@@ -9,6 +9,8 @@ from typing import Any
 import timm
 from torch import nn
 
+from cl_streamkl.experiment.task_heads import MultiHeadViT
+
 
 def check_model_name(name: str) -> None:
     """Raise ValueError (with close matches) unless ``name`` is a timm model name."""
@@ -28,6 +30,7 @@ def build_model(
     num_classes: int,
     model_kwargs: dict[str, Any] | None = None,
     pretrained_file: str | Path | None = None,
+    head_sizes: list[int] | None = None,
 ) -> nn.Module:
     """Create a timm vision transformer (ViT, DeiT, EVA, ...) for this stream.
 
@@ -39,11 +42,14 @@ def build_model(
         image_size: input side length (timm ``img_size``).
         patch_size: patch side length; must divide ``image_size``.
         in_chans: image channels.
-        num_classes: classifier outputs (all classes of the stream, one shared head).
+        num_classes: classifier outputs (all classes of the stream, one shared head);
+            ignored when ``head_sizes`` is given.
         model_kwargs: further timm constructor arguments, e.g. ``{"depth": 4}``.
         pretrained_file: local weights (``.pth``/``.bin``/``.safetensors``) loaded through
             timm's own adaptation (position-embedding resampling, input-channel folding,
             a new classifier when ``num_classes`` differs). Nothing is downloaded.
+        head_sizes: one head per task with these many outputs
+            (:class:`~cl_streamkl.experiment.task_heads.MultiHeadViT`, the task scenario).
 
     Returns:
         The model, randomly initialised unless ``pretrained_file`` is given.
@@ -57,7 +63,7 @@ def build_model(
         raise ValueError(f"image size {image_size} is not divisible by patch size {patch_size}")
     kwargs: dict[str, Any] = dict(model_kwargs or {})
     kwargs.update(img_size=image_size, patch_size=patch_size, in_chans=in_chans,
-                  num_classes=num_classes)
+                  num_classes=0 if head_sizes is not None else num_classes)
     if pretrained_file is not None:
         path = Path(pretrained_file).expanduser()
         if not path.is_file():
@@ -73,4 +79,4 @@ def build_model(
         raise ValueError(f"weights in {pretrained_file} do not fit {name!r}: {err}") from err
     if not hasattr(model, "patch_embed"):
         raise ValueError(f"timm model {name!r} has no patch embedding; use a ViT/DeiT/EVA model")
-    return model
+    return model if head_sizes is None else MultiHeadViT(model, head_sizes)

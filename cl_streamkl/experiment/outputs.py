@@ -15,6 +15,7 @@ import torch
 
 from cl_streamkl.experiment.config import ExperimentConfig
 from cl_streamkl.experiment.runner import RunResult
+from cl_streamkl.experiment.summary import SCALAR_METRICS
 
 CONFIG_FILE = "config.json"
 RESULTS_FILE = "results.json"
@@ -68,12 +69,14 @@ def read_config(out_dir: Path) -> ExperimentConfig:
 
 
 def write_results(out_dir: Path, config: ExperimentConfig, results: Sequence[RunResult],
-                  summary: dict[str, Any], env: dict[str, Any] | None = None) -> list[Path]:
-    """Write results.json (config, environment, every run, summary) and two CSV files.
+                  summary: dict[str, Any], env: dict[str, Any] | None = None,
+                  paired: Sequence[dict[str, Any]] = ()) -> list[Path]:
+    """Write results.json (config, environment, every run, summary, paired differences) and two CSV files.
 
     results.csv has one row per (strategy, seed); summary.csv one row per strategy
     with ``<metric>_mean`` / ``<metric>_std`` columns. ``env`` is :func:`environment`
-    captured when the run started (taken now when None).
+    captured when the run started (taken now when None); ``paired`` is
+    :func:`~cl_streamkl.experiment.statistics.paired_comparisons` of the runs.
     """
     out_dir = Path(out_dir)
     payload = {
@@ -81,6 +84,7 @@ def write_results(out_dir: Path, config: ExperimentConfig, results: Sequence[Run
         "environment": environment() if env is None else env,
         "runs": [r.to_dict() for r in results],
         "summary": summary,
+        "paired": list(paired),
     }
     json_path = out_dir / RESULTS_FILE
     json_path.write_text(json.dumps(payload, indent=2) + "\n")
@@ -89,20 +93,16 @@ def write_results(out_dir: Path, config: ExperimentConfig, results: Sequence[Run
     n_exp = len(results[0].accuracy_matrix) if results else 0
     with open(runs_path, "w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["strategy", "seed", "final_average_accuracy", "average_forgetting",
-                         "backward_transfer", "final_task_aware_accuracy", "mean_penalty",
-                         "wall_time_s", "peak_memory_mb",
+        writer.writerow(["strategy", "seed", *SCALAR_METRICS, "mean_penalty", "wall_time_s", "peak_memory_mb",
                          *(f"average_accuracy_exp{i + 1}" for i in range(n_exp))])
         for r in results:
             m = r.metrics()
-            writer.writerow([r.strategy, r.seed, m["final_average_accuracy"], m["average_forgetting"],
-                             m["backward_transfer"], m["final_task_aware_accuracy"],
+            writer.writerow([r.strategy, r.seed, *("" if m[k] is None else m[k] for k in SCALAR_METRICS),
                              "" if m["mean_penalty"] is None else m["mean_penalty"],
                              r.wall_time_s, r.peak_memory_mb, *m["average_accuracy"]])
 
     summary_path = out_dir / SUMMARY_CSV
-    scalar_keys = ("final_average_accuracy", "average_forgetting", "backward_transfer",
-                   "final_task_aware_accuracy", "wall_time_s", "peak_memory_mb")
+    scalar_keys = (*SCALAR_METRICS, "wall_time_s", "peak_memory_mb")
     with open(summary_path, "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["strategy", "n_seeds", *(f"{k}_{s}" for k in scalar_keys for s in ("mean", "std"))])

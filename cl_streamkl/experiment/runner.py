@@ -15,19 +15,20 @@ from avalanche.training.plugins.clock import Clock
 from torch import nn
 
 from cl_streamkl.data.registry import build_stream, load_splits
-from cl_streamkl.data.stream import ClassIncrementalStream, LabeledSplits
+from cl_streamkl.data.stream import ExperienceStream, LabeledSplits
 from cl_streamkl.experiment.checkpoint import (
     load_checkpoint, rng_state, save_checkpoint, seed_everything, set_rng_state,
 )
 from cl_streamkl.experiment.config import ExperimentConfig
 from cl_streamkl.experiment.evaluation import accuracy_per_experience
-from cl_streamkl.experiment.metrics import (
+from cl_streamkl.experiment.accuracy_matrix import (
     average_accuracy_per_experience, average_forgetting, backward_transfer, final_average_accuracy,
+    learning_accuracy,
 )
 from cl_streamkl.experiment.model import build_model
 from cl_streamkl.experiment.plugin_state import load_plugin_state, plugin_state
 from cl_streamkl.experiment.progress import ProgressPlugin
-from cl_streamkl.experiment.strategies import build_plugins
+from cl_streamkl.experiment.strategy_plugins import build_plugins
 from cl_streamkl.experiment.template import AmpSupervisedTemplate
 
 Log = Callable[[str], None]
@@ -39,10 +40,14 @@ class RunResult:
 
     Attributes:
         accuracy_matrix: (T, T) nested list, ``[i][j]`` = accuracy on experience j after
-            training experience i.
-        task_aware_matrix: (T, T) like ``accuracy_matrix`` but each prediction restricted
-            to the evaluated experience's classes (task-incremental accuracy).
-        penalties: StreamKL penalty after every training iteration (empty without StreamKL).
+            training experience i, as the scenario measures it: Class-IL accuracy (one
+            head, all classes) in ``class``, Task-IL accuracy (experience j's own head)
+            in ``task``, accuracy under experience j's input shift in ``domain``.
+        task_il_matrix: ``class`` only: (T, T) like ``accuracy_matrix`` but each
+            prediction restricted to the evaluated experience's classes (Task-IL
+            accuracy of the shared head); empty in other scenarios.
+        penalties: attention-distillation penalty (StreamKL or PAD) after every training
+            iteration (empty without one).
         wall_time_s: training plus evaluation time, summed over sessions when resumed.
         peak_memory_mb: CUDA peak allocated memory on GPU; on CPU the process's peak
             resident set size so far (an upper bound shared by earlier runs).
@@ -52,20 +57,21 @@ class RunResult:
     seed: int
     class_order: list[int]
     accuracy_matrix: list[list[float]]
-    task_aware_matrix: list[list[float]] = field(default_factory=list)
+    task_il_matrix: list[list[float]] = field(default_factory=list)
     penalties: list[float] = field(default_factory=list)
     wall_time_s: float = 0.0
     peak_memory_mb: float = 0.0
 
     def metrics(self) -> dict[str, Any]:
-        """The derived metrics: per-experience and final average accuracy, forgetting, BWT."""
+        """The derived metrics: average accuracies, forgetting, BWT, learning accuracy."""
         return {
             "average_accuracy": average_accuracy_per_experience(self.accuracy_matrix),
             "final_average_accuracy": final_average_accuracy(self.accuracy_matrix),
             "average_forgetting": average_forgetting(self.accuracy_matrix),
             "backward_transfer": backward_transfer(self.accuracy_matrix),
-            "final_task_aware_accuracy": (final_average_accuracy(self.task_aware_matrix)
-                                          if self.task_aware_matrix else None),
+            "learning_accuracy": learning_accuracy(self.accuracy_matrix),
+            "final_task_il_accuracy": (final_average_accuracy(self.task_il_matrix)
+                                       if self.task_il_matrix else None),
             "mean_penalty": (sum(self.penalties) / len(self.penalties)) if self.penalties else None,
         }
 
@@ -97,7 +103,7 @@ def _peak_memory_mb(device: torch.device) -> float:
 class _Run:
     """One (strategy, seed) run: model, template and plugins, plus its checkpoint file."""
 
-    def __init__(self, config: ExperimentConfig, stream: ClassIncrementalStream, strategy: str,
+    def __init__(self, config: ExperimentConfig, stream: ExperienceStream, strategy: str,
                  seed: int, device: torch.device, show_progress: bool) -> None:
         self.config, self.stream, self.strategy, self.seed = config, stream, strategy, seed
         self.device = device
@@ -106,8 +112,9 @@ class _Run:
         optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr,
                                      weight_decay=config.weight_decay)
         self.plugins = build_plugins(strategy, config, stream, seed)
+        distiller = self.plugins.get("streamkl", self.plugins.get("pad"))
         self.progress = ProgressPlugin(f"{strategy} seed {seed}", stream.n_experiences,
-                                       penalty_source=self.plugins.get("streamkl"),
+                                       penalty_source=distiller,
                                        enabled=show_progress)
         self.template = AmpSupervisedTemplate(
             model=self.model, optimizer=optimizer, criterion=nn.CrossEntropyLoss(),
@@ -123,6 +130,7 @@ class _Run:
             cfg.model, image_size=cfg.image_size, patch_size=cfg.patch_size,
             in_chans=self.stream.in_chans, num_classes=self.stream.num_classes,
             model_kwargs=cfg.model_kwargs, pretrained_file=cfg.pretrained_file,
+            head_sizes=self.stream.head_sizes,
         ).to(self.device)
 
     def state(self, result: RunResult, experiences_done: int) -> dict[str, Any]:
@@ -172,11 +180,14 @@ class _Run:
                 DatasetExperience(dataset=self.stream.train[exp_id], current_experience=exp_id),
                 eval_streams=[], reset_optimizer_state=True,
             )
+            scenario = self.stream.scenario
             row, task_row = accuracy_per_experience(
                 self.model, eval_sets, batch_size=self.config.eval_batch_size, device=self.device,
-                amp=self.config.amp, class_sets=self.stream.experience_classes)
+                amp=self.config.amp, task_heads=scenario == "task",
+                class_sets=self.stream.experience_classes if scenario == "class" else None)
             result.accuracy_matrix.append(row)
-            result.task_aware_matrix.append(task_row)
+            if task_row:
+                result.task_il_matrix.append(task_row)
             result.penalties = list(self.progress.penalties)
             result.wall_time_s += time.perf_counter() - start
             result.peak_memory_mb = max(result.peak_memory_mb, _peak_memory_mb(self.device))
@@ -197,7 +208,7 @@ def run_experiment(
     log: Log | None = None,
     splits: LabeledSplits | None = None,
 ) -> list[RunResult]:
-    """Train every strategy on every seed of a class-incremental stream.
+    """Train every strategy on every seed of a continual stream (``config.scenario``).
 
     After each experience the run's checkpoint ``out_dir/checkpoints/<strategy>-seed<s>.pt``
     is replaced atomically. With ``resume=True`` finished runs are read back from their
@@ -223,8 +234,12 @@ def run_experiment(
                              split_seed=config.split_seed)
     results = []
     for seed in config.seeds:
-        stream = build_stream(splits, n_experiences=config.n_experiences, seed=seed,
-                              val_fraction=config.val_fraction, split_seed=config.split_seed)
+        stream = build_stream(
+            splits, n_experiences=config.n_experiences, seed=seed, val_fraction=config.val_fraction,
+            split_seed=config.split_seed, scenario=config.scenario,
+            first_experience_classes=config.first_experience_classes, image_size=config.image_size,
+            domain_shift=config.domain_shift, rotation_step=config.rotation_step,
+        )
         eval_sets = stream.eval_datasets(config.eval_split)
         for strategy in config.strategies:
             ckpt = checkpoint_path(out_dir, strategy, seed)

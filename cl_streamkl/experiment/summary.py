@@ -7,15 +7,20 @@ from typing import Any
 
 import numpy as np
 
-from cl_streamkl.experiment.metrics import mean_std
 from cl_streamkl.experiment.runner import RunResult
+from cl_streamkl.experiment.statistics import mean_std
 
+SCALAR_METRICS = ("final_average_accuracy", "average_forgetting", "backward_transfer", "learning_accuracy",
+                  "final_task_il_accuracy")
+# The scenario's own accuracy, as the field names it (van de Ven et al. 2022).
+ACCURACY_TITLES = {"class": "Class-IL acc (%)", "task": "Task-IL acc (%)", "domain": "Domain-IL acc (%)"}
 # (key in the summary, table header, formatting scale): accuracies shown in percent.
 TABLE_COLUMNS = (
-    ("final_average_accuracy", "Final avg acc (%)", 100.0),
+    ("final_average_accuracy", None, 100.0),
     ("average_forgetting", "Forgetting (%)", 100.0),
     ("backward_transfer", "BWT (%)", 100.0),
-    ("final_task_aware_accuracy", "Task-aware acc (%)", 100.0),
+    ("learning_accuracy", "Learning acc (%)", 100.0),
+    ("final_task_il_accuracy", "Task-IL acc (%)", 100.0),
     ("wall_time_s", "Time (s)", 1.0),
     ("peak_memory_mb", "Peak mem (MB)", 1.0),
 )
@@ -25,9 +30,10 @@ def summarize(results: Sequence[RunResult]) -> dict[str, dict[str, Any]]:
     """Per strategy (in first-seen order): mean and std over seeds of every scalar metric.
 
     Returns:
-        ``{strategy: {"seeds": [...], metric: {"mean": m, "std": s}, ...,
+        ``{strategy: {"seeds": [...], metric: {"mean": m, "std": s} or None, ...,
         "average_accuracy": {"mean": [T], "std": [T]},
-        "accuracy_matrix": {"mean": (T, T) list, "std": (T, T) list}}}``; std uses ddof=1.
+        "accuracy_matrix": {"mean": (T, T) list, "std": (T, T) list},
+        "task_il_matrix": the same or None}}``; std uses ddof=1.
     """
     by_strategy: dict[str, list[RunResult]] = {}
     for result in results:
@@ -36,21 +42,20 @@ def summarize(results: Sequence[RunResult]) -> dict[str, dict[str, Any]]:
     for strategy, runs in by_strategy.items():
         metrics = [r.metrics() for r in runs]
         entry: dict[str, Any] = {"seeds": [r.seed for r in runs]}
-        for key in ("final_average_accuracy", "average_forgetting", "backward_transfer"):
-            entry[key] = dict(zip(("mean", "std"), mean_std([m[key] for m in metrics])))
-        task_aware = [m["final_task_aware_accuracy"] for m in metrics]
-        entry["final_task_aware_accuracy"] = (
-            None if None in task_aware else dict(zip(("mean", "std"), mean_std(task_aware))))
+        for key in SCALAR_METRICS:
+            values = [m[key] for m in metrics]
+            entry[key] = None if None in values else dict(zip(("mean", "std"), mean_std(values)))
         for key in ("wall_time_s", "peak_memory_mb"):
             entry[key] = dict(zip(("mean", "std"), mean_std([getattr(r, key) for r in runs])))
         penalties = [m["mean_penalty"] for m in metrics if m["mean_penalty"] is not None]
         entry["mean_penalty"] = dict(zip(("mean", "std"), mean_std(penalties))) if penalties else None
-        curves = np.asarray([m["average_accuracy"] for m in metrics])
-        matrices = np.asarray([r.accuracy_matrix for r in runs])
         ddof = 1 if len(runs) > 1 else 0
+        curves = np.asarray([m["average_accuracy"] for m in metrics])
         entry["average_accuracy"] = {"mean": curves.mean(0).tolist(), "std": curves.std(0, ddof=ddof).tolist()}
-        entry["accuracy_matrix"] = {"mean": matrices.mean(0).tolist(),
-                                    "std": matrices.std(0, ddof=ddof).tolist()}
+        for key in ("accuracy_matrix", "task_il_matrix"):
+            matrices = np.asarray([getattr(r, key) for r in runs])
+            entry[key] = (None if matrices.size == 0 else
+                          {"mean": matrices.mean(0).tolist(), "std": matrices.std(0, ddof=ddof).tolist()})
         summary[strategy] = entry
     return summary
 
@@ -63,16 +68,30 @@ def _cell(stat: dict[str, float] | None, key: str, scale: float, with_std: bool)
     return f"{mean} ± {stat['std'] * scale:.{decimals}f}" if with_std else mean
 
 
-def format_table(summary: dict[str, dict[str, Any]]) -> str:
+def _columns(summary: dict[str, dict[str, Any]], scenario: str) -> list[tuple[str, str, float]]:
+    """The table's columns: the scenario's accuracy first, columns without values left out."""
+    columns = []
+    for key, title, scale in TABLE_COLUMNS:
+        if all(entry[key] is None for entry in summary.values()):
+            continue
+        columns.append((key, title or ACCURACY_TITLES[scenario], scale))
+    return columns
+
+
+def table_rows(summary: dict[str, dict[str, Any]], scenario: str = "class", with_std: bool = True
+               ) -> tuple[list[str], list[list[str]]]:
+    """Header and one row of formatted cells per strategy."""
+    columns = _columns(summary, scenario)
+    header = ["Strategy", *(title for _, title, _ in columns)]
+    rows = [[strategy, *(_cell(entry[key], key, scale, with_std) for key, _, scale in columns)]
+            for strategy, entry in summary.items()]
+    return header, rows
+
+
+def format_table(summary: dict[str, dict[str, Any]], scenario: str = "class") -> str:
     """An aligned text table: one row per strategy, ``mean ± std`` cells when there are seeds."""
     multi_seed = any(len(entry["seeds"]) > 1 for entry in summary.values())
-    header = ["Strategy", *(title for _, title, _ in TABLE_COLUMNS)]
-    rows = []
-    for strategy, entry in summary.items():
-        row = [strategy]
-        for key, _, scale in TABLE_COLUMNS:
-            row.append(_cell(entry[key], key, scale, with_std=multi_seed))
-        rows.append(row)
+    header, rows = table_rows(summary, scenario, with_std=multi_seed)
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
 
     def line(cells: list[str]) -> str:
@@ -82,13 +101,9 @@ def format_table(summary: dict[str, dict[str, Any]]) -> str:
     return "\n".join([line(header), rule, *(line(r) for r in rows)])
 
 
-def format_markdown_table(summary: dict[str, dict[str, Any]]) -> str:
+def format_markdown_table(summary: dict[str, dict[str, Any]], scenario: str = "class") -> str:
     """The same numbers as :func:`format_table`, as a Markdown table (for README)."""
-    header = ["Strategy", *(title for _, title, _ in TABLE_COLUMNS)]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * len(TABLE_COLUMNS)) + "|"]
-    for strategy, entry in summary.items():
-        cells = [strategy]
-        for key, _, scale in TABLE_COLUMNS:
-            cells.append(_cell(entry[key], key, scale, with_std=True))
-        lines.append("| " + " | ".join(cells) + " |")
+    header, rows = table_rows(summary, scenario)
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)

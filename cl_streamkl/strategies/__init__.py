@@ -21,8 +21,8 @@ __all__ = [
 
 _AVALANCHE_NAMES = {
     "StreamKLPlugin": "cl_streamkl.strategies.plugin",
-    "StreamKLPenaltyMetric": "cl_streamkl.strategies.metrics",
-    "streamkl_penalty_metrics": "cl_streamkl.strategies.metrics",
+    "StreamKLPenaltyMetric": "cl_streamkl.strategies.penalty_metrics",
+    "streamkl_penalty_metrics": "cl_streamkl.strategies.penalty_metrics",
 }
 
 

@@ -29,6 +29,15 @@ def final_average_accuracy(acc: Sequence[Sequence[float]] | np.ndarray) -> float
     return float(_as_matrix(acc)[-1].mean())
 
 
+def learning_accuracy(acc: Sequence[Sequence[float]] | np.ndarray) -> float:
+    """Mean over experiences of the accuracy on each right after learning it (the diagonal).
+
+    Riemer et al. 2019. Low values mean the experiences were never learned, which makes
+    forgetting meaningless: there was little to forget.
+    """
+    return float(np.diag(_as_matrix(acc)).mean())
+
+
 def average_forgetting(acc: Sequence[Sequence[float]] | np.ndarray) -> float:
     """Mean over experiences j < T-1 of (best accuracy on j before the end − final accuracy on j).
 
@@ -52,12 +61,3 @@ def backward_transfer(acc: Sequence[Sequence[float]] | np.ndarray) -> float:
     if t == 1:
         return 0.0
     return float(np.mean([matrix[t - 1, j] - matrix[j, j] for j in range(t - 1)]))
-
-
-def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (ddof=1; 0.0 for a single value)."""
-    array = np.asarray(values, dtype=np.float64)
-    if array.size == 0:
-        raise ValueError("mean_std needs at least one value")
-    std = float(array.std(ddof=1)) if array.size > 1 else 0.0
-    return float(array.mean()), std

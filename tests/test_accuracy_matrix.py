@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from cl_streamkl.experiment.metrics import (
+from cl_streamkl.experiment.accuracy_matrix import (
     average_accuracy_per_experience, average_forgetting, backward_transfer, final_average_accuracy,
-    mean_std,
+    learning_accuracy,
 )
 from cl_streamkl.experiment.runner import RunResult
+from cl_streamkl.experiment.statistics import mean_std
 from cl_streamkl.experiment.summary import format_markdown_table, format_table, summarize
 
 # rows: after training experience i; columns: evaluated on experience j
@@ -24,6 +25,7 @@ def test_metrics_by_hand():
     assert average_forgetting(ACC) == pytest.approx(0.4)
     # BWT: (0.3 - 0.9 + 0.6 - 0.8) / 2
     assert backward_transfer(ACC) == pytest.approx(-0.4)
+    assert learning_accuracy(ACC) == pytest.approx((0.9 + 0.8 + 1.0) / 3)
     # forgetting compares with the best earlier accuracy, BWT with the one right after learning
     peaked = [[0.5, 0.0, 0.0], [0.9, 0.8, 0.0], [0.4, 0.8, 1.0]]
     assert average_forgetting(peaked) == pytest.approx(0.25)
@@ -62,8 +64,10 @@ def test_summary_mean_std_and_table_alignment():
 
     lines = format_table(summary).splitlines()
     assert len(lines) == 4 and len({len(line) for line in lines}) == 1
+    assert lines[0].split()[:3] == ["Strategy", "Class-IL", "acc"]
     assert lines[2].split()[:4] == ["naive", "48.3", "±", "21.2"]
-    assert lines[2].split()[10] == "-"  # no task-aware matrix recorded
-    assert summary["naive"]["final_task_aware_accuracy"] is None
+    # no Task-IL matrix recorded: the column is left out
+    assert summary["naive"]["final_task_il_accuracy"] is None and "Task-IL" not in lines[0]
+    assert format_table(summary, "domain").split()[1:3] == ["Domain-IL", "acc"]
     markdown = format_markdown_table(summary).splitlines()
     assert markdown[0].startswith("| Strategy |") and markdown[3].startswith("| lwf+streamkl | 63.3 ± 0.0 |")

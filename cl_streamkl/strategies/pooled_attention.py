@@ -1,0 +1,62 @@
+"""Pooled attention distillation (PAD; Pelosin et al. 2022), the published attention loss StreamKL is compared with.
+
+PAD materialises both attention maps, A = softmax(q kᵀ · scale), shape (B, H, Nq, Nk);
+squares them (the authors' symmetric variant: a softmax row always sums to 1, so pooling
+the plain map along keys would carry no information); pools each map along queries
+(height) and along keys (width), PODNet-style; concatenates the pooled vectors of all
+heads per sample; L2-normalises them; and takes the Euclidean (Frobenius) distance
+between teacher and student per sample, averaged over the batch. Its memory is
+O(B·H·Nq·Nk), so it suits short token counts only.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["pooled_attention_distance"]
+
+
+def _pooled_attention(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """(B, H, Nq, D), (B, H, Nk, D) → (B, H·(Nk + Nq)) L2-normalised pooled squared attention."""
+    attention = torch.softmax(q.float() @ k.float().transpose(-2, -1) * scale, dim=-1).square()
+    pooled = torch.cat([attention.sum(dim=-2), attention.sum(dim=-1)], dim=-1)
+    return F.normalize(pooled.flatten(1), dim=1)
+
+
+def pooled_attention_distance(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_teacher: torch.Tensor,
+    k_teacher: torch.Tensor,
+    *,
+    scale: float | None = None,
+    teacher_scale: float | None = None,
+) -> torch.Tensor:
+    """PAD between the teacher's and the student's attention of one block.
+
+    Args:
+        q, k: the student's queries (B, H, Nq, D) and keys (B, H, Nk, D).
+        q_teacher, k_teacher: the teacher's, same B, H, Nq, Nk (head dim may differ).
+        scale, teacher_scale: softmax scales (default: head dim ** -0.5 of each).
+
+    Returns:
+        A 0-dim float32 tensor: mean over the batch of ‖â_teacher − â_student‖₂, with â
+        the normalised pooled maps; differentiable w.r.t. every input that requires grad.
+
+    Raises:
+        ValueError: the inputs are not 4-D or their batch, heads or lengths differ.
+    """
+    tensors = {"q": q, "k": k, "q_teacher": q_teacher, "k_teacher": k_teacher}
+    for name, tensor in tensors.items():
+        if not isinstance(tensor, torch.Tensor) or tensor.dim() != 4:
+            raise ValueError(f"{name} must be a 4-D tensor (B, H, N, D)")
+    if q.shape[:3] != q_teacher.shape[:3] or k.shape[:3] != k_teacher.shape[:3] or q.shape[:2] != k.shape[:2]:
+        raise ValueError(
+            f"student q {tuple(q.shape)} / k {tuple(k.shape)} and teacher q {tuple(q_teacher.shape)} / "
+            f"k {tuple(k_teacher.shape)} must share batch, heads and lengths"
+        )
+    student = _pooled_attention(q, k, q.shape[-1] ** -0.5 if scale is None else scale)
+    teacher = _pooled_attention(q_teacher, k_teacher,
+                                q_teacher.shape[-1] ** -0.5 if teacher_scale is None else teacher_scale)
+    return (teacher - student).norm(dim=1).mean()
