@@ -814,7 +814,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.device.type == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda but CUDA is not available; use --device cpu for a smoke run")
     if args.device.type == "cpu" and "triton" in args.impls:
-        from cl_streamkl.kernels.triton_kl import INTERPRETING
+        from cl_streamkl.kernels.triton import INTERPRETING
 
         if not INTERPRETING:
             parser.error("--impls triton on --device cpu needs TRITON_INTERPRET=1 in the environment")
@@ -847,12 +847,12 @@ def _write_json(
 
 def autotuned_tiles() -> list[str]:
     """One line per tuning key the StreamKL kernels were autotuned for in this process."""
-    from cl_streamkl.kernels import triton_kl
+    from cl_streamkl.kernels.triton import KERNEL_LAUNCHERS
 
     lines = []
-    for name in ("_forward_kernel", "_backward_dq_kernel", "_backward_dk_kernel"):
-        for key, config in getattr(getattr(triton_kl, name).kernel, "cache", {}).items():
-            lines.append(f"{name.strip('_')} {key}: {config}")
+    for name, launcher in KERNEL_LAUNCHERS.items():
+        for key, config in getattr(launcher.kernel, "cache", {}).items():
+            lines.append(f"{name} {key}: {config}")
     return lines
 
 

@@ -10,7 +10,7 @@ stack (allocation, one kernel launch, the launchers, the autograd wrapper, the p
 function, a full forward+backward, the autograd engine alone), measured as the wall time
 of calls queued without synchronising, so it excludes GPU time while the GPU keeps up;
 the launch layers are timed with and without compiled-kernel replay
-(``cl_streamkl.kernels.launch_cache``).
+(``cl_streamkl.kernels.triton.launch_cache``).
 
 With --host-profile, also prints the Python functions that take the host's time in
 one forward+backward (cProfile, sorted by own time).
@@ -32,7 +32,7 @@ from triton.testing import do_bench
 from bench_attention_kl import gpu_kernel_times_us
 
 from cl_streamkl import attention_kl
-from cl_streamkl.kernels import triton_kl
+from cl_streamkl.kernels.triton import launch
 
 
 def parse_shape(text: str) -> tuple[int, int, int, int]:
@@ -77,13 +77,13 @@ def host_breakdown(q, k, q_t, k_t) -> dict[str, float]:
     """
     scale = q.size(-1) ** -0.5
     launch_args = (q, k, q_t, k_t, scale, scale, False)
-    rows, lse_s, lse_t = triton_kl.launch_forward(*launch_args)
+    rows, lse_s, lse_t = launch.launch_forward(*launch_args)
     grad_rows = torch.ones_like(rows)
     tiny = torch.randn(16, device=q.device, requires_grad=True)
-    launchers = (triton_kl._forward_kernel, triton_kl._backward_dq_kernel, triton_kl._backward_dk_kernel)
+    launchers = tuple(launch.KERNEL_LAUNCHERS.values())
 
     def launch_backward():
-        triton_kl.launch_backward(grad_rows, q, k, q_t, k_t, lse_s, lse_s, lse_t, scale, scale, False, False)
+        launch.launch_backward(grad_rows, q, k, q_t, k_t, lse_s, lse_s, lse_t, scale, scale, False, False)
 
     def forward_no_grad():
         with torch.no_grad():
@@ -109,7 +109,7 @@ def host_breakdown(q, k, q_t, k_t) -> dict[str, float]:
         torch.autograd.grad(_PythonIdentity.apply(tiny).sum(), tiny)
 
     layers = {
-        "launch_forward": lambda: triton_kl.launch_forward(*launch_args),
+        "launch_forward": lambda: launch.launch_forward(*launch_args),
         "launch_backward": launch_backward,
         "attention_kl no_grad": forward_no_grad,
         "attention_kl (graph)": lambda: attention_kl(q, k, q_t, k_t, backend="triton"),

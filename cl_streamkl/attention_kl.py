@@ -13,7 +13,7 @@ def _resolve_backend(backend: str, device: torch.device) -> str:
     if backend == "auto":
         return "triton" if device.type == "cuda" else "torch"
     if backend == "triton" and device.type != "cuda":
-        from cl_streamkl.kernels.triton_kl import INTERPRETING
+        from cl_streamkl.kernels.triton import INTERPRETING
 
         if device.type != "cpu" or not INTERPRETING:
             raise ValueError(
@@ -89,7 +89,7 @@ def attention_kl(
         backend=backend,
     )
     if _resolve_backend(backend, q.device) == "triton":
-        from cl_streamkl.kernels.triton_kl import attention_kl_rows_triton
+        from cl_streamkl.kernels.triton import attention_kl_rows_triton
 
         row_kl = attention_kl_rows_triton(q, k, q_teacher, k_teacher, problem)
     else:

@@ -196,13 +196,13 @@ def test_triton_gradients_come_back_in_the_inputs_layout(teacher_grad, device):
 
 
 def test_gradient_buffer_falls_back_to_contiguous_without_unit_head_stride():
-    from cl_streamkl.kernels.triton_kl import _empty_gradient_for
+    from cl_streamkl.kernels.triton.launch import empty_gradient_for
 
     no_unit_stride = torch.empty(64).as_strided((3, 2, 1, 4), (8, 1, 8, 2))
     assert torch.empty_like(no_unit_stride).stride(-1) == 2
-    assert _empty_gradient_for(no_unit_stride).is_contiguous()
+    assert empty_gradient_for(no_unit_stride).is_contiguous()
     permuted = torch.empty(2, 5, 3, 4).permute(0, 2, 1, 3)
-    assert _empty_gradient_for(permuted).stride() == permuted.stride()
+    assert empty_gradient_for(permuted).stride() == permuted.stride()
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)

@@ -87,8 +87,9 @@ def test_module_validates_options_at_construction():
 
 
 def test_triton_backend_on_a_device_it_cannot_run(monkeypatch):
-    from cl_streamkl.kernels import triton_kl
+    import cl_streamkl.kernels.triton as triton_kernels
 
-    monkeypatch.setattr(triton_kl, "INTERPRETING", False)
+    # attention_kl reads the package's INTERPRETING when it resolves the backend.
+    monkeypatch.setattr(triton_kernels, "INTERPRETING", False)
     with pytest.raises(ValueError, match="backend='triton' needs CUDA tensors"):
         call({"backend": "triton"})

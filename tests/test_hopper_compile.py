@@ -36,12 +36,12 @@ def compile_for_hopper(kind: str, causal: bool, block_m: int, block_n: int) -> N
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from cl_streamkl.kernels import triton_kl
+    from cl_streamkl.kernels.triton import backward, forward
 
     kernel = {
-        "fwd": triton_kl._attention_kl_fwd_kernel,
-        "dq": triton_kl._attention_kl_bwd_dq_kernel,
-        "dk": triton_kl._attention_kl_bwd_dk_kernel,
+        "fwd": forward._attention_kl_fwd_kernel,
+        "dq": backward._attention_kl_bwd_dq_kernel,
+        "dk": backward._attention_kl_bwd_dk_kernel,
     }[kind]
     constants = {
         "CAUSAL": causal,

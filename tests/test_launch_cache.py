@@ -8,7 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from cl_streamkl.kernels.launch_cache import KernelLauncher, signature_key
+from cl_streamkl.kernels.triton import tuning
+from cl_streamkl.kernels.triton.launch_cache import KernelLauncher, signature_key
 
 
 def test_signature_key_tracks_integers_dtypes_and_alignment():
@@ -114,7 +115,7 @@ def test_unfamiliar_compiled_kernel_falls_back_to_triton_with_a_warning():
 )
 def test_replayed_kernels_match_launches_through_triton(monkeypatch, shape, dtype, causal, teacher_grad):
     from cl_streamkl import attention_kl
-    from cl_streamkl.kernels import triton_kl
+    from cl_streamkl.kernels.triton import KERNEL_LAUNCHERS
 
     torch.manual_seed(0)
     student = [torch.randn(shape, device="cuda", dtype=dtype, requires_grad=True) for _ in range(2)]
@@ -128,7 +129,7 @@ def test_replayed_kernels_match_launches_through_triton(monkeypatch, shape, dtyp
         return [out, *torch.autograd.grad((out * upstream).sum(), wanted)]
 
     first, replayed = run(), run()  # the second call replays the compiled kernels
-    for launcher in (triton_kl._forward_kernel, triton_kl._backward_dq_kernel, triton_kl._backward_dk_kernel):
+    for launcher in KERNEL_LAUNCHERS.values():
         assert launcher._compiled, "the GPU path should have cached a compiled kernel"
         monkeypatch.setattr(launcher, "replay", False)
     through_triton = run()
@@ -148,9 +149,7 @@ def test_replayed_kernels_match_launches_through_triton(monkeypatch, shape, dtyp
     ],
 )
 def test_autotune_pruning_keeps_small_tiles_for_wide_heads_and_fp32(kind, dtype, head_dim, small_only, two_stages):
-    from cl_streamkl.kernels import triton_kl
-
-    configs = triton_kl._autotune_configs(kind)
+    configs = tuning.autotune_configs(kind)
     named_args = {
         "Q": torch.empty(1, 1, 1, head_dim, dtype=dtype),
         "d_s": head_dim,
@@ -158,7 +157,7 @@ def test_autotune_pruning_keeps_small_tiles_for_wide_heads_and_fp32(kind, dtype,
         "N_Q_BUCKET": 8192,
         "N_K_BUCKET": 8192,
     }
-    kept = triton_kl._prune_configs(configs, named_args, kind=kind)
+    kept = tuning.prune_configs(configs, named_args, kind=kind)
     assert kept and all(config in configs for config in kept)
     tiles = [config.kwargs["BLOCK_M"] * config.kwargs["BLOCK_N"] for config in kept]
     assert (max(tiles) <= 64 * 64) == small_only
@@ -169,9 +168,7 @@ def test_autotune_pruning_keeps_small_tiles_for_wide_heads_and_fp32(kind, dtype,
 
 @pytest.mark.parametrize("kind", ["fwd", "bwd"])
 def test_vit_lengths_autotune_over_the_short_sequence_candidates_only(kind):
-    from cl_streamkl.kernels import triton_kl
-
-    configs = triton_kl._autotune_configs(kind)
+    configs = tuning.autotune_configs(kind)
     assert len(configs) == 24
 
     def kept(n_q_bucket, n_k_bucket):
@@ -182,18 +179,16 @@ def test_vit_lengths_autotune_over_the_short_sequence_candidates_only(kind):
             "N_Q_BUCKET": n_q_bucket,
             "N_K_BUCKET": n_k_bucket,
         }
-        return triton_kl._prune_configs(configs, named_args, kind=kind)
+        return tuning.prune_configs(configs, named_args, kind=kind)
 
     short = kept(256, 2048)
     assert len(short) == {"fwd": 8, "bwd": 10}[kind]
-    assert {triton_kl._config_tuple(c) for c in short} == triton_kl._SHORT_SEQUENCE_CANDIDATES[kind]
+    assert {tuning.config_tuple(c) for c in short} == tuning.SHORT_SEQUENCE_CANDIDATES[kind]
     assert kept(2048, 4096) == configs  # one long side is enough to try every tile
 
 
 def test_autotuned_kernels_keep_results_on_disk_and_time_gpu_only(monkeypatch):
     import triton
-
-    from cl_streamkl.kernels import triton_kl
 
     seen = {}
 
@@ -201,10 +196,10 @@ def test_autotuned_kernels_keep_results_on_disk_and_time_gpu_only(monkeypatch):
         seen.update(kwargs)
         return lambda kernel: ("tuned", kernel)
 
-    monkeypatch.setattr(triton_kl, "AUTOTUNE", True)
+    monkeypatch.setattr(tuning, "AUTOTUNE", True)
     monkeypatch.setattr(triton, "autotune", fake_autotune)
-    assert triton_kl._tuned("kernel", "bwd", ("TEACHER_GRAD",)) == ("tuned", "kernel")
-    assert seen["key"] == triton_kl._AUTOTUNE_KEY + ["TEACHER_GRAD"]
+    assert tuning.tuned("kernel", "bwd", ("TEACHER_GRAD",)) == ("tuned", "kernel")
+    assert seen["key"] == tuning.AUTOTUNE_KEY + ["TEACHER_GRAD"]
     assert seen.get("cache_results") is True  # triton >= 3.4 has the option
     # Candidates are timed on the GPU alone (CUDA-graph replay), not through Python launches.
-    assert seen.get("do_bench") is triton_kl._bench_in_cuda_graph
+    assert seen.get("do_bench") is tuning.bench_in_cuda_graph

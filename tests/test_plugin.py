@@ -179,9 +179,9 @@ def test_penalty_is_zero_when_alpha_is_zero() -> None:
 
 
 def test_triton_backend_matches_torch_backend_on_cpu_interpreter() -> None:
-    from cl_streamkl.kernels import triton_kl
+    from cl_streamkl.kernels.triton import INTERPRETING
 
-    if not triton_kl.INTERPRETING:
+    if not INTERPRETING:
         pytest.skip("needs TRITON_INTERPRET=1 before triton is imported (tests/conftest.py sets it)")
     model = tiny_model()
     x = torch.randn(1, *IMAGE)

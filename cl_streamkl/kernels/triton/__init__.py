@@ -1,0 +1,25 @@
+"""Fused Triton attention KL: KL(softmax(s_t) ‖ softmax(s_s)) per query row, never materialised.
+
+Modules, read in this order: ``common`` (Triton helpers the kernels share), ``forward`` and
+``backward`` (the kernels), ``tuning`` (autotuning candidates and heuristic tiles),
+``launch_cache`` (replays compiled kernels), ``launch`` (the launchers) and ``ops``
+(``torch.library`` custom ops, so ``torch.compile(fullgraph=True)`` traces through, with
+their autograd formula, and the entry point used by :func:`cl_streamkl.attention_kl`).
+
+The math is stated at the top of ``forward`` and ``backward``.
+
+``INTERPRETING`` says whether Triton runs the kernels on its CPU interpreter
+(TRITON_INTERPRET=1 set before triton was imported).
+"""
+
+from cl_streamkl.kernels.triton.common import INTERPRETING
+from cl_streamkl.kernels.triton.launch import KERNEL_LAUNCHERS, launch_backward, launch_forward
+from cl_streamkl.kernels.triton.ops import attention_kl_rows_triton
+
+__all__ = [
+    "INTERPRETING",
+    "KERNEL_LAUNCHERS",
+    "attention_kl_rows_triton",
+    "launch_backward",
+    "launch_forward",
+]

@@ -1,0 +1,123 @@
+"""The forward kernel: per query row, KL(softmax(s_t) ‖ softmax(s_s)) in one pass over the keys.
+
+An online softmax for each of the two score rows (running maximum and sum, base 2:
+u = s·log2(e)) and the teacher-weighted score gap, so
+    KL_i = Σ_j p_t (s_t − s_s) − lse_t + lse_s
+needs no second pass. The log-sum-exps are stored for the backward kernels.
+Kernel names keep Triton's leading underscore: they are the names profilers show
+(benchmarks/profile_step.py sorts kernel time by them).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from cl_streamkl.kernels.triton.common import dot, key_ranges, load_rows
+
+
+@triton.jit
+def _fwd_tile(
+    q, qt, k, kt, rows, keys, n_k,
+    scale_s_log2, scale_t_log2,
+    max_s, sum_s, max_t, sum_t, gap,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    """One key tile of the online forward; returns the updated running state."""
+    u_s = dot(q, tl.trans(k), DOT_PRECISION) * scale_s_log2
+    u_t = dot(qt, tl.trans(kt), DOT_PRECISION) * scale_t_log2
+    score_gap = u_t - u_s
+    if MASKED:
+        # Masked entries get 2^-inf = 0 weight and a zero gap (never -inf - -inf).
+        valid = keys[None, :] < n_k
+        if CAUSAL:
+            valid = valid & (keys[None, :] <= rows[:, None])
+        score_gap = tl.where(valid, score_gap, 0.0)
+        u_s = tl.where(valid, u_s, float("-inf"))
+        u_t = tl.where(valid, u_t, float("-inf"))
+
+    new_max_s = tl.maximum(max_s, tl.max(u_s, 1))
+    sum_s = sum_s * tl.math.exp2(max_s - new_max_s) + tl.sum(tl.math.exp2(u_s - new_max_s[:, None]), 1)
+
+    new_max_t = tl.maximum(max_t, tl.max(u_t, 1))
+    rescale_t = tl.math.exp2(max_t - new_max_t)
+    p_t = tl.math.exp2(u_t - new_max_t[:, None])
+    sum_t = sum_t * rescale_t + tl.sum(p_t, 1)
+    gap = gap * rescale_t + tl.sum(p_t * score_gap, 1)
+    return new_max_s, sum_s, new_max_t, sum_t, gap
+
+
+@triton.jit
+def _attention_kl_fwd_kernel(
+    Q,  # [B, H, Nq, Ds]
+    K,  # [B, H, Nk, Ds]
+    QT,  # [B, H, Nq, Dt]
+    KT,  # [B, H, Nk, Dt]
+    ROW_KL,  # [B, H, Nq] float32, contiguous
+    LSE_S,  # [B, H, Nq] float32, contiguous, base 2
+    LSE_T,  # [B, H, Nq] float32, contiguous, base 2
+    stride_qb, stride_qh, stride_qn,
+    stride_kb, stride_kh, stride_kn,
+    stride_qtb, stride_qth, stride_qtn,
+    stride_ktb, stride_kth, stride_ktn,
+    num_heads, n_q, n_k, d_s, d_t,
+    scale_s_log2,  # scale_s / T · log2(e)
+    scale_t_log2,  # scale_t / T · log2(e)
+    N_Q_BUCKET, N_K_BUCKET,  # autotune keys only
+    CAUSAL: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_DS: tl.constexpr,
+    BLOCK_DT: tl.constexpr,
+):
+    query_tiles = tl.cdiv(n_q, BLOCK_M)
+    pid = tl.program_id(0)
+    pid_m = pid % query_tiles
+    pid_bh = (pid // query_tiles).to(tl.int64)
+    batch = pid_bh // num_heads
+    head = pid_bh % num_heads
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    dims_s = tl.arange(0, BLOCK_DS)
+    dims_t = tl.arange(0, BLOCK_DT)
+
+    q = load_rows(Q + batch * stride_qb + head * stride_qh, rows, stride_qn, dims_s, n_q, d_s)
+    qt = load_rows(QT + batch * stride_qtb + head * stride_qth, rows, stride_qtn, dims_t, n_q, d_t)
+    k_base = K + batch * stride_kb + head * stride_kh
+    kt_base = KT + batch * stride_ktb + head * stride_kth
+
+    max_s = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    max_t = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    sum_s = tl.zeros([BLOCK_M], tl.float32)
+    sum_t = tl.zeros([BLOCK_M], tl.float32)
+    gap = tl.zeros([BLOCK_M], tl.float32)
+
+    full_end, key_end = key_ranges(pid_m, n_k, CAUSAL, BLOCK_M, BLOCK_N)
+    for start_n in range(0, full_end, BLOCK_N):
+        keys = start_n + cols
+        k = load_rows(k_base, keys, stride_kn, dims_s, n_k, d_s)
+        kt = load_rows(kt_base, keys, stride_ktn, dims_t, n_k, d_t)
+        max_s, sum_s, max_t, sum_t, gap = _fwd_tile(
+            q, qt, k, kt, rows, keys, n_k, scale_s_log2, scale_t_log2,
+            max_s, sum_s, max_t, sum_t, gap, False, CAUSAL, DOT_PRECISION,
+        )
+    for start_n in range(full_end, key_end, BLOCK_N):
+        keys = start_n + cols
+        k = load_rows(k_base, keys, stride_kn, dims_s, n_k, d_s)
+        kt = load_rows(kt_base, keys, stride_ktn, dims_t, n_k, d_t)
+        max_s, sum_s, max_t, sum_t, gap = _fwd_tile(
+            q, qt, k, kt, rows, keys, n_k, scale_s_log2, scale_t_log2,
+            max_s, sum_s, max_t, sum_t, gap, True, CAUSAL, DOT_PRECISION,
+        )
+
+    log2_sum_s = tl.math.log2(sum_s)
+    log2_sum_t = tl.math.log2(sum_t)
+    # Subtract the maxima first: both log-sum-exps can be large and nearly equal.
+    row_kl = (gap / sum_t - (max_t - max_s) - log2_sum_t + log2_sum_s) * 0.6931471805599453
+    out = pid_bh * n_q + rows.to(tl.int64)
+    row_ok = rows < n_q
+    tl.store(ROW_KL + out, row_kl, mask=row_ok)
+    tl.store(LSE_S + out, max_s + log2_sum_s, mask=row_ok)
+    tl.store(LSE_T + out, max_t + log2_sum_t, mask=row_ok)
+

@@ -1,0 +1,152 @@
+"""How the kernels are tiled: autotuning candidates and their pruning, or fixed heuristic tiles.
+
+:func:`tuned` wraps a kernel in ``triton.autotune`` over :func:`autotune_configs`, keyed on
+:data:`AUTOTUNE_KEY` (length buckets, head dims, causal) and pruned per input by
+:func:`prune_configs`; :func:`launch_options` gives the tiles to pass at launch when
+autotuning is off. ``AUTOTUNE`` is the module-level switch both read (from
+``CL_STREAMKL_AUTOTUNE``; always off under the CPU interpreter).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+
+import torch
+import triton
+import triton.testing
+
+from cl_streamkl.kernels.triton.common import INTERPRETING
+
+
+# Host-side helpers are plain Python: triton.next_power_of_2 is a constexpr
+# function whose wrapper costs microseconds per call, and at ViT sizes
+# (197 tokens) the kernels themselves run for only tens of microseconds.
+def _next_power_of_2(value: int) -> int:
+    return 1 << (value - 1).bit_length()
+
+
+def block_dim(head_dim: int) -> int:
+    """The BLOCK_DS / BLOCK_DT tile width that covers ``head_dim``."""
+    # tl.dot needs every operand dimension to be at least 16.
+    return max(16, _next_power_of_2(head_dim))
+
+
+def length_bucket(length: int) -> int:
+    """The N_Q_BUCKET / N_K_BUCKET autotuning key of a sequence length."""
+    return _next_power_of_2(length)
+
+
+_TILE_SHAPES = {
+    "fwd": [(128, 64), (128, 128), (64, 64), (64, 128), (128, 32), (64, 32)],
+    "bwd": [(64, 64), (128, 64), (64, 128), (32, 64), (64, 32), (128, 128)],
+}
+# At ViT lengths (both length buckets at most 2048) only these (BLOCK_M, BLOCK_N, warps,
+# stages) are tried: every tile the CUDA-graph-timed autotuner picked on the H200 at 197,
+# 577 and 1025 tokens, and their neighbours, plus the fastest dq and dk tiles of a sweep of
+# all 24 at 16x12x1025x64 (benchmarks/TUNING_NOTES.md, row 15). A third to 40 % of the configs
+# means that much of the compiling on the first call, which there costs far more than the
+# kernels themselves.
+SHORT_SEQUENCE_BUCKET = 2048
+SHORT_SEQUENCE_CANDIDATES = {
+    "fwd": {(128, 64, w, s) for w in (4, 8) for s in (2, 3)}
+    | {(64, 64, 4, 2), (64, 64, 4, 3), (128, 128, 8, 2), (64, 32, 4, 2)},
+    "bwd": {(64, 64, w, s) for w in (4, 8) for s in (2, 3)}
+    | {(128, 64, 8, 2), (64, 128, 8, 2), (32, 64, 4, 2), (128, 128, 8, 2), (64, 32, 4, 3), (128, 64, 4, 2)},
+}
+
+
+def autotune_configs(kind: str) -> list[triton.Config]:
+    """Candidate tile shapes for the GPU; the interpreter uses one fixed small config."""
+    return [
+        triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps, num_stages=stages)
+        for block_m, block_n in _TILE_SHAPES[kind]
+        for warps in (4, 8)
+        for stages in (2, 3)
+    ]
+
+
+def config_tuple(config: triton.Config) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, warps, stages), the form of :data:`SHORT_SEQUENCE_CANDIDATES`."""
+    return config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_warps, config.num_stages
+
+
+def prune_configs(configs, named_args, kind: str, **kwargs):
+    """Drop tile shapes that cannot run well for these inputs before autotuning compiles them."""
+    widest = max(named_args["d_s"], named_args["d_t"])
+    four_byte = named_args["Q"].element_size() == 4
+    kept = configs
+    if max(named_args["N_Q_BUCKET"], named_args["N_K_BUCKET"]) <= SHORT_SEQUENCE_BUCKET:
+        kept = [c for c in kept if config_tuple(c) in SHORT_SEQUENCE_CANDIDATES[kind]]
+    if widest > 128 or four_byte:
+        # Wide heads and float32 operands need small tiles: larger ones exceed the
+        # register file and shared memory, spill, and take minutes each to compile
+        # (an fp32 autotuning pass over every config did not finish in 4 minutes on an H200).
+        kept = [c for c in kept if c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] <= 64 * 64]
+    if four_byte:
+        kept = [c for c in kept if c.num_stages <= 2]
+    return kept or configs[:1]
+
+
+AUTOTUNE_KEY = ["N_Q_BUCKET", "N_K_BUCKET", "d_s", "d_t", "CAUSAL"]
+# Autotuning costs seconds to a minute of compiling per new (dtype, head dims, causal,
+# length bucket) combination; CL_STREAMKL_AUTOTUNE=0 uses the heuristic tiles below instead
+# (correctness runs, short jobs). The interpreter never autotunes: timing it is meaningless.
+AUTOTUNE = not INTERPRETING and os.environ.get("CL_STREAMKL_AUTOTUNE", "1") != "0"
+
+
+def _heuristic_options(kind: str, widest_head_dim: int, element_size: int) -> dict:
+    if INTERPRETING:
+        return {"BLOCK_M": 16, "BLOCK_N": 16}
+    # Shared memory holds the pipelined K tiles: 4-byte inputs and wide heads need smaller tiles.
+    if widest_head_dim > 128 or element_size == 4:
+        return {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
+    if kind == "fwd":
+        return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+    return {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
+
+
+def launch_options(kind: str, d_s: int, d_t: int, dtype: torch.dtype) -> dict:
+    """Tiles, warps and stages to pass at launch: none when autotuned, else the heuristic ones."""
+    return {} if AUTOTUNE else _heuristic_options(kind, max(d_s, d_t), dtype.itemsize)
+
+
+def bench_in_cuda_graph(kernel_call, quantiles):
+    """GPU time of one autotuning candidate, replayed from a CUDA graph.
+
+    Triton's default benchmarker launches every call from Python. A kernel that runs
+    for tens of microseconds (ViT lengths) finishes before the next launch arrives, so
+    every candidate measures the same host latency and the pick is arbitrary: on the
+    H200 it chose backward tiles 1.6x slower than the heuristic ones at 16x12x577x64.
+    """
+    return triton.testing.do_bench_cudagraph(kernel_call, rep=20, quantiles=quantiles)
+
+
+_AUTOTUNE_PARAMETERS = inspect.signature(triton.autotune).parameters
+_AUTOTUNE_OPTIONS = {
+    # Triton keeps autotuning results on disk (keyed by GPU, Triton version, kernel source and
+    # tuning key), so only the first process on a machine pays the benchmarking; every later
+    # one compiles just the chosen tiles. Tritons before 3.4 lack the option and tune every process.
+    **({"cache_results": True} if "cache_results" in _AUTOTUNE_PARAMETERS else {}),
+    **({"do_bench": bench_in_cuda_graph} if "do_bench" in _AUTOTUNE_PARAMETERS else {}),
+}
+
+
+def tuned(kernel, kind: str, extra_keys: tuple[str, ...] = ()):
+    """``kernel`` autotuned over the ``kind`` candidates ("fwd" or "bwd"), or as is without AUTOTUNE.
+
+    Args:
+        kernel: a ``triton.jit`` kernel taking N_Q_BUCKET, N_K_BUCKET, d_s, d_t and CAUSAL.
+        kind: which candidate list and pruning rules apply.
+        extra_keys: further arguments whose values need their own tuning (TEACHER_GRAD).
+    """
+    if not AUTOTUNE:
+        return kernel
+    key = AUTOTUNE_KEY + list(extra_keys)
+    return triton.autotune(
+        configs=autotune_configs(kind),
+        key=key,
+        prune_configs_by={"early_config_prune": functools.partial(prune_configs, kind=kind)},
+        **_AUTOTUNE_OPTIONS,
+    )(kernel)
