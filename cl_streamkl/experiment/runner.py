@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from avalanche.benchmarks.scenarios.dataset_scenario import DatasetExperience
+from avalanche.benchmarks.scenarios.task_aware import with_task_labels
 from avalanche.training.plugins.clock import Clock
 from torch import nn
 
@@ -176,10 +177,12 @@ class _Run:
             start = time.perf_counter()
             # Every strategy starts each experience with fresh Adam moments, so no optimizer
             # statistics of earlier classes carry over (the same for all strategies).
-            self.template.train(
-                DatasetExperience(dataset=self.stream.train[exp_id], current_experience=exp_id),
-                eval_streams=[], reset_optimizer_state=True,
-            )
+            experience = DatasetExperience(dataset=self.stream.train[exp_id], current_experience=exp_id)
+            if self.stream.scenario == "task":
+                # Avalanche's forward passes the minibatch's task labels to the model only
+                # for experiences that declare theirs.
+                experience = with_task_labels(experience)
+            self.template.train(experience, eval_streams=[], reset_optimizer_state=True)
             scenario = self.stream.scenario
             row, task_row = accuracy_per_experience(
                 self.model, eval_sets, batch_size=self.config.eval_batch_size, device=self.device,

@@ -1,0 +1,7 @@
+"""``python -m cl_streamkl``: the ``cl-streamkl`` command line."""
+
+import sys
+
+from cl_streamkl.cli import main
+
+sys.exit(main())

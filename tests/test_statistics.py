@@ -1,0 +1,56 @@
+"""Paired differences over seeds against a hand computation, and which pairs get compared."""
+
+from __future__ import annotations
+
+import pytest
+
+from cl_streamkl.experiment.runner import RunResult
+from cl_streamkl.experiment.statistics import (
+    comparison_pairs, format_paired, mean_std, paired_comparisons, t_interval,
+)
+
+
+def test_t_interval_by_hand():
+    # differences 1, 2, 3, 6: mean 3, sample std sqrt(14/3), t(0.975, 3) = 3.182446
+    mean, low, high = t_interval([1.0, 2.0, 3.0, 6.0])
+    half = 3.182446305284263 * (14 / 3) ** 0.5 / 2
+    assert mean == 3.0 and low == pytest.approx(3.0 - half) and high == pytest.approx(3.0 + half)
+    assert t_interval([2.5]) == (2.5, None, None)
+    with pytest.raises(ValueError):
+        t_interval([])
+    assert mean_std([1.0, 3.0]) == pytest.approx((2.0, 2 ** 0.5))
+
+
+def test_comparison_pairs():
+    strategies = ["naive", "lwf", "streamkl", "lwf+streamkl", "pad", "streamkl+replay", "lwf+pad"]
+    assert comparison_pairs(strategies) == [
+        ("streamkl", "naive"), ("streamkl", "pad"), ("lwf+streamkl", "lwf"), ("lwf+streamkl", "lwf+pad"),
+        ("pad", "naive"), ("lwf+pad", "lwf"),
+    ]
+    assert comparison_pairs(["streamkl"]) == []
+
+
+def _result(strategy: str, seed: int, final: float, first: float = 0.9) -> RunResult:
+    # two experiences: forgetting = first - final accuracy on experience 0
+    return RunResult(strategy, seed, [0, 1], [[first, 0.0], [final, 1.0]])
+
+
+def test_paired_comparisons_by_hand():
+    naive = {0: 0.10, 1: 0.20, 2: 0.30}
+    streamkl = {0: 0.15, 1: 0.30, 2: 0.32}     # differences on experience 0: 5, 10, 2 pp
+    results = [_result("naive", s, v) for s, v in naive.items()]
+    results += [_result("streamkl", s, v) for s, v in streamkl.items()]
+    results.append(_result("streamkl", 9, 0.5))  # no naive run with seed 9: left out of the pairs
+    entries = {e["metric"]: e for e in paired_comparisons(results)}
+    final = entries["final_avg_acc"]
+    assert (final["strategy"], final["baseline"], final["n"]) == ("streamkl", "naive", 3)
+    # final average accuracy = (acc on exp 0 + 1.0) / 2, so its differences are halved: 2.5, 5, 1
+    mean, low, high = t_interval([2.5, 5.0, 1.0])
+    assert final["mean_diff"] == pytest.approx(mean) == pytest.approx(8.5 / 3)
+    assert final["ci95"] == [pytest.approx(low), pytest.approx(high)]
+    forgetting = entries["forgetting"]
+    assert forgetting["mean_diff"] == pytest.approx(-17 / 3)  # less forgetting is negative
+    assert set(entries) == {"final_avg_acc", "forgetting", "learning_acc"}  # no Task-IL matrix recorded
+    assert set(final) == {"strategy", "baseline", "metric", "mean_diff", "ci95", "n"}
+    text = format_paired(list(entries.values()))
+    assert "streamkl - naive  final_avg_acc" in text and "(n=3)" in text and "learning_acc" not in text
