@@ -41,8 +41,8 @@ from torch import nn
 
 import e2e_distillation as e2e
 from bench_attention_kl import describe_environment, free_memory
-from cl_streamkl import capture as capture_module
-from cl_streamkl.graph_capture import GraphReadRegistry
+from cl_streamkl.capture import extractors as capture_module
+from cl_streamkl.capture.graph_reads import GraphReadRegistry
 from cl_streamkl.strategies.distiller import AttentionDistiller, frozen_copy
 
 CAPTURE_METHODS = ("capture", "capture-full")

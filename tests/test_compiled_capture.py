@@ -11,8 +11,8 @@ from timm.models.vision_transformer import Block
 from torch import nn
 from torch._dynamo.utils import counters
 
-from cl_streamkl.capture import QKCapture
-from cl_streamkl.compiled_capture import CompiledQK, TeacherQK, check_compile_options
+from cl_streamkl.capture import CompiledQK, QKCapture, TeacherQK
+from cl_streamkl.capture.compiled import check_compile_options
 from cl_streamkl.strategies import AttentionDistiller, StreamKLPlugin
 from cl_streamkl.strategies.distiller import frozen_copy
 

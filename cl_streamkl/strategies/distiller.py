@@ -32,8 +32,8 @@ import torch
 from torch import nn
 
 from cl_streamkl.attention_kl import attention_kl
-from cl_streamkl.capture import LayerSpec, QKCapture
-from cl_streamkl.compiled_capture import CompiledQK, TeacherQK, check_compile_options
+from cl_streamkl.capture import CompiledQK, LayerSpec, QKCapture, TeacherQK
+from cl_streamkl.capture.compiled import check_compile_options
 from cl_streamkl.kernels.validation import check_options
 
 __all__ = ["AttentionDistiller", "frozen_copy"]
@@ -132,7 +132,7 @@ class AttentionDistiller:
         temperature: softmax temperature of both attention distributions, > 0.
         backend: ``attention_kl`` backend: ``"auto"``, ``"triton"`` or ``"torch"``.
         compile_teacher: run the teacher's forward through ``torch.compile``
-            (:class:`~cl_streamkl.compiled_capture.CompiledQK`): ``True``, or a mapping of
+            (:class:`~cl_streamkl.capture.CompiledQK`): ``True``, or a mapping of
             ``torch.compile`` keyword arguments. The compiled forward skips everything
             the selected Q/K do not need; its first call per input shape is checked
             against the eager capture. Needs attention that calls

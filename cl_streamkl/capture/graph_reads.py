@@ -1,13 +1,14 @@
 """Read the score product of one attention forward from the autograd graph it built.
 
-Watching a forward with a ``TorchFunctionMode`` (see :mod:`cl_streamkl.capture`) sends
-every torch call of that forward through Python; for a ViT-B training step that host
-time showed up as several milliseconds of idle GPU. When the forward records a graph,
-the product is also reachable after the fact: ``F.scaled_dot_product_attention``
-leaves one backward node (flash, efficient, cuDNN or CPU flavour) whose saved
-``query``/``key`` are the very tensor objects it was called with, and whose saved
-``scale``, ``is_causal`` and ``attn_mask`` say how the scores were formed. Walking
-back from the module's output to its inputs finds that node in a few dozen steps.
+Watching a forward with a ``TorchFunctionMode`` (see
+:mod:`cl_streamkl.capture.extractors`) sends every torch call of that forward through
+Python; for a ViT-B training step that host time showed up as several milliseconds of
+idle GPU. When the forward records a graph, the product is also reachable after the
+fact: ``F.scaled_dot_product_attention`` leaves one backward node (flash, efficient,
+cuDNN or CPU flavour) whose saved ``query``/``key`` are the very tensor objects it was
+called with, and whose saved ``scale``, ``is_causal`` and ``attn_mask`` say how the
+scores were formed. Walking back from the module's output to its inputs finds that node
+in a few dozen steps.
 
 :class:`GraphReadRegistry` makes this safe to use instead of the mode: a module is read
 from the graph only under conditions (which parameters and inputs require grad) in which
