@@ -1,7 +1,8 @@
 """Which blocks a capture reads: layer selections and each block's attention module.
 
 A layer selection (:data:`LayerSpec`) follows timm's ``forward_intermediates(indices=...)``
-rules. :func:`resolve_layer_indices` turns it into block indices for one model;
+rules. :func:`check_layer_spec` checks one, before or after the model is known, and
+:func:`resolve_layer_indices` turns it into block indices for one model;
 :func:`find_attention_modules` finds the attention module of every block.
 """
 
@@ -14,7 +15,7 @@ from torch import nn
 
 from cl_streamkl.capture.extractors import qk_extractor_for, qualified_type_name
 
-__all__ = ["LayerSpec", "find_attention_modules", "resolve_layer_indices"]
+__all__ = ["LayerSpec", "check_layer_spec", "find_attention_modules", "resolve_layer_indices"]
 
 LayerSpec = Union[str, int, Sequence[int]]
 """Which blocks to capture: ``"all"``, an int ``n`` (the last n blocks) or a list of
@@ -85,6 +86,51 @@ def find_attention_modules(model: nn.Module) -> list[nn.Module]:
     return found
 
 
+def check_layer_spec(layers: object, num_blocks: int | None = None) -> LayerSpec:
+    """Check the form of a layer selection and, given ``num_blocks``, its ranges.
+
+    Without ``num_blocks`` (no model known yet) only what holds for every model is
+    checked: a count must be at least 1; indices and the count's upper bound are checked
+    once the model is known.
+
+    Args:
+        layers: ``"all"``; an int ``n`` (the last n blocks); or a non-empty list/tuple of
+            block indices, negative ones counting from the end.
+        num_blocks: how many blocks the model has, or ``None``.
+
+    Returns:
+        ``"all"``, the int, or the indices as a new list.
+
+    Raises:
+        TypeError: ``layers`` has the wrong type.
+        ValueError: the string is not ``"all"``, the list is empty, or a count or index
+            is out of range.
+    """
+    if isinstance(layers, str):
+        if layers != "all":
+            raise ValueError(f"layers must be 'all', an int or a list of ints, got the string {layers!r}")
+        return layers
+    if isinstance(layers, bool):
+        raise TypeError("layers must be 'all', an int or a list of ints, got a bool")
+    if isinstance(layers, int):
+        if num_blocks is None:
+            if layers < 1:
+                raise ValueError(f"layers={layers} selects the last n blocks and needs n >= 1")
+        elif not 1 <= layers <= num_blocks:
+            raise ValueError(f"layers={layers} selects the last n blocks and needs 1 <= n <= {num_blocks}")
+        return layers
+    if not isinstance(layers, (list, tuple)):
+        raise TypeError(f"layers must be 'all', an int or a list of ints, got {type(layers).__name__}")
+    if not layers:
+        raise ValueError("layers must not be an empty list")
+    for index in layers:
+        if isinstance(index, bool) or not isinstance(index, int):
+            raise TypeError(f"layers must contain ints, got {index!r}")
+        if num_blocks is not None and not -num_blocks <= index < num_blocks:
+            raise ValueError(f"layer index {index} is out of range for a model with {num_blocks} blocks")
+    return list(layers)
+
+
 def resolve_layer_indices(layers: LayerSpec, num_blocks: int) -> list[int]:
     """Absolute block indices selected by ``layers`` (timm's ``forward_intermediates`` rules).
 
@@ -101,27 +147,12 @@ def resolve_layer_indices(layers: LayerSpec, num_blocks: int) -> list[int]:
         TypeError: ``layers`` has the wrong type.
         ValueError: an index or count is out of range, the list is empty or repeats a block.
     """
-    if isinstance(layers, str):
-        if layers != "all":
-            raise ValueError(f"layers must be 'all', an int or a list of ints, got the string {layers!r}")
+    layers = check_layer_spec(layers, num_blocks)
+    if layers == "all":
         return list(range(num_blocks))
-    if isinstance(layers, bool):
-        raise TypeError("layers must be 'all', an int or a list of ints, got a bool")
     if isinstance(layers, int):
-        if not 1 <= layers <= num_blocks:
-            raise ValueError(f"layers={layers} selects the last n blocks and needs 1 <= n <= {num_blocks}")
         return list(range(num_blocks - layers, num_blocks))
-    if not isinstance(layers, (list, tuple)):
-        raise TypeError(f"layers must be 'all', an int or a list of ints, got {type(layers).__name__}")
-    if not layers:
-        raise ValueError("layers must not be an empty list")
-    resolved = []
-    for index in layers:
-        if isinstance(index, bool) or not isinstance(index, int):
-            raise TypeError(f"layers must contain ints, got {index!r}")
-        if not -num_blocks <= index < num_blocks:
-            raise ValueError(f"layer index {index} is out of range for a model with {num_blocks} blocks")
-        resolved.append(index % num_blocks)
+    resolved = [index % num_blocks for index in layers]
     if len(set(resolved)) != len(resolved):
-        raise ValueError(f"layers {list(layers)} select the same block more than once")
+        raise ValueError(f"layers {layers} select the same block more than once")
     return sorted(resolved)

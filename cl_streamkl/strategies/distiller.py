@@ -34,6 +34,7 @@ from torch import nn
 from cl_streamkl.attention_kl import attention_kl
 from cl_streamkl.capture import CompiledQK, LayerSpec, QKCapture, TeacherQK
 from cl_streamkl.capture.compiled import check_compile_options
+from cl_streamkl.capture.layers import check_layer_spec
 from cl_streamkl.kernels.validation import check_options
 
 __all__ = ["AttentionDistiller", "frozen_copy"]
@@ -100,28 +101,6 @@ def _check_alpha(alpha: object) -> float:
     return alpha
 
 
-def _check_layers(layers: object) -> LayerSpec:
-    """Check the form of ``layers`` before a model is known (ranges are checked on attach)."""
-    if isinstance(layers, str):
-        if layers != "all":
-            raise ValueError(f"layers must be 'all', an int or a list of ints, got the string {layers!r}")
-        return layers
-    if isinstance(layers, bool):
-        raise TypeError("layers must be 'all', an int or a list of ints, got a bool")
-    if isinstance(layers, int):
-        if layers < 1:
-            raise ValueError(f"layers={layers} selects the last n blocks and needs n >= 1")
-        return layers
-    if not isinstance(layers, (list, tuple)):
-        raise TypeError(f"layers must be 'all', an int or a list of ints, got {type(layers).__name__}")
-    if not layers:
-        raise ValueError("layers must not be an empty list")
-    for index in layers:
-        if isinstance(index, bool) or not isinstance(index, int):
-            raise TypeError(f"layers must contain ints, got {index!r}")
-    return list(layers)
-
-
 class AttentionDistiller:
     """StreamKL attention distillation from a frozen teacher snapshot.
 
@@ -162,7 +141,7 @@ class AttentionDistiller:
         )
         self.temperature = float(temperature)
         self.backend = backend
-        self.layers: LayerSpec = _check_layers(layers)
+        self.layers: LayerSpec = check_layer_spec(layers)
         self.teacher_updates = 0
         self._teacher: nn.Module | None = None
         self._compiled_teacher: CompiledQK | None = None
