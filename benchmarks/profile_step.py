@@ -43,7 +43,7 @@ import e2e_distillation as e2e
 from bench_attention_kl import describe_environment, free_memory
 from cl_streamkl.capture import extractors as capture_module
 from cl_streamkl.capture.graph_reads import GraphReadRegistry
-from cl_streamkl.strategies.distiller import AttentionDistiller, frozen_copy
+from cl_streamkl.strategies import AttentionDistiller, frozen_copy
 
 CAPTURE_METHODS = ("capture", "capture-full")
 STEP_METHODS = e2e.METHODS + e2e.EXTRA_METHODS + CAPTURE_METHODS

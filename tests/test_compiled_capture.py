@@ -13,8 +13,7 @@ from torch._dynamo.utils import counters
 
 from cl_streamkl.capture import CompiledQK, QKCapture, TeacherQK
 from cl_streamkl.capture.compiled import check_compile_options
-from cl_streamkl.strategies import AttentionDistiller, StreamKLPlugin
-from cl_streamkl.strategies.distiller import frozen_copy
+from cl_streamkl.strategies import AttentionDistiller, StreamKLPlugin, frozen_copy
 
 DEPTH = 3
 # Dynamo alone (no code generation): the traced program runs op by op, so results are exact.

@@ -20,11 +20,8 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import math
-from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from numbers import Real
 from typing import Any
 
@@ -36,60 +33,11 @@ from cl_streamkl.capture import CompiledQK, LayerSpec, QKCapture, TeacherQK
 from cl_streamkl.capture.compiled import check_compile_options
 from cl_streamkl.capture.layers import check_layer_spec
 from cl_streamkl.kernels.validation import check_options
+from cl_streamkl.strategies.teacher import frozen_copy, named_tensors, restore_frozen_copy
 
-__all__ = ["AttentionDistiller", "frozen_copy"]
+__all__ = ["AttentionDistiller"]
 
 STATE_FORMAT = "cl_streamkl.AttentionDistiller/1"
-
-
-def _hook_dict_names(module: nn.Module) -> list[str]:
-    return [
-        name
-        for name, value in vars(module).items()
-        if name.startswith(("_forward", "_backward")) and "hooks" in name and isinstance(value, dict)
-    ]
-
-
-@contextmanager
-def _hooks_detached(model: nn.Module) -> Iterator[None]:
-    """Temporarily empty every forward/backward hook table of ``model``'s modules.
-
-    ``copy.deepcopy`` would otherwise copy the hooks, and with them whatever their
-    closures reference (captures, strategies, recorded tensors).
-    """
-    saved: list[tuple[nn.Module, str, dict]] = []
-    try:
-        for module in model.modules():
-            for name in _hook_dict_names(module):
-                table = getattr(module, name)
-                saved.append((module, name, table))
-                setattr(module, name, type(table)())
-        yield
-    finally:
-        for module, name, table in saved:
-            setattr(module, name, table)
-
-
-def frozen_copy(model: nn.Module) -> nn.Module:
-    """A hook-free deep copy of ``model`` in eval mode with ``requires_grad=False`` everywhere.
-
-    The copy lives on the same device(s) as ``model``; ``model`` itself is left as it was.
-    """
-    with _hooks_detached(model):
-        snapshot = copy.deepcopy(model)
-    snapshot.eval()
-    snapshot.requires_grad_(False)
-    return snapshot
-
-
-def _named_tensors(model: nn.Module) -> OrderedDict[str, torch.Tensor]:
-    """Every parameter and buffer (persistent or not), as plain detached tensors."""
-    tensors: OrderedDict[str, torch.Tensor] = OrderedDict()
-    for name, param in model.named_parameters():
-        tensors[name] = param.detach()
-    for name, buffer in model.named_buffers():
-        tensors[name] = buffer.detach()
-    return tensors
 
 
 def _check_alpha(alpha: object) -> float:
@@ -296,26 +244,7 @@ class AttentionDistiller:
         self.validate(model)
         if self._pending_teacher is None:
             return
-        saved = self._pending_teacher
-        teacher = frozen_copy(model)
-        targets = _named_tensors(teacher)
-        if set(targets) != set(saved):
-            missing = sorted(set(targets) - set(saved))[:5]
-            unexpected = sorted(set(saved) - set(targets))[:5]
-            raise ValueError(
-                f"the saved teacher does not fit this model: missing {missing}, unexpected {unexpected}"
-            )
-        for name, target in targets.items():
-            source = saved[name]
-            if source.shape != target.shape or source.dtype != target.dtype:
-                raise ValueError(
-                    f"the saved teacher's {name} is {source.dtype}{tuple(source.shape)} but the model's is "
-                    f"{target.dtype}{tuple(target.shape)}"
-                )
-        with torch.no_grad():
-            for name, target in targets.items():
-                target.copy_(saved[name])
-        self._set_teacher(teacher)
+        self._set_teacher(restore_frozen_copy(model, self._pending_teacher))
         self._pending_teacher = None
 
     def _config(self) -> dict[str, Any]:
@@ -336,7 +265,7 @@ class AttentionDistiller:
         if self._pending_teacher is not None:
             teacher_tensors: dict[str, torch.Tensor] | None = dict(self._pending_teacher)
         elif self._teacher is not None:
-            teacher_tensors = dict(_named_tensors(self._teacher))
+            teacher_tensors = dict(named_tensors(self._teacher))
         else:
             teacher_tensors = None
         return {
