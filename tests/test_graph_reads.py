@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cl_streamkl.capture import QKCapture, extractors, graph_reads
+from cl_streamkl.capture import QKCapture, extractors, graph_reads, graph_reads_disabled
 from cl_streamkl.capture.graph_reads import GraphReadRegistry, product_from_graph
 
 DEPTH = 3
@@ -27,7 +27,7 @@ def tiny_model(arch: str = "vit") -> nn.Module:
 
 @pytest.fixture(autouse=True)
 def fresh_registry(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(extractors, "_GRAPH_READS", GraphReadRegistry())
+    monkeypatch.setattr(graph_reads, "GRAPH_READS", GraphReadRegistry())
 
 
 @pytest.fixture
@@ -123,10 +123,26 @@ def test_a_forward_that_stops_matching_raises_then_is_watched_again(full_watches
     model.blocks[0].attn.fused_attn = False  # the verified block now forms its scores by hand
     with pytest.raises(RuntimeError, match="next forward is watched in full again"), QKCapture(model):
         model(x)
-    assert extractors._GRAPH_READS.allows(model.blocks[0].attn, (True,)) is False
+    assert graph_reads.GRAPH_READS.allows(model.blocks[0].attn, (True,)) is False
     recovered = captured(model, x)
     assert full_watches.count(model.blocks[0].attn) == 2
     assert_same_values(fused, recovered, exact=False)
+
+
+def test_graph_reads_disabled_watches_every_forward_and_learns_nothing(full_watches: list[nn.Module]) -> None:
+    model, x = tiny_model(), torch.randn(2, 3, 32, 32)
+    with graph_reads_disabled():
+        inside = [captured(model, x) for _ in range(2)]
+    assert len(full_watches) == 2 * DEPTH, "inside, every forward is watched"
+    captured(model, x)
+    assert len(full_watches) == 3 * DEPTH, "nothing was verified inside"
+    with graph_reads_disabled(), graph_reads_disabled():
+        captured(model, x)
+    assert len(full_watches) == 4 * DEPTH, "what was verified before is not used inside"
+    after = captured(model, x)
+    assert len(full_watches) == 4 * DEPTH, "what was verified before is used again after"
+    assert_same_values(inside[0], inside[1])
+    assert_same_values(inside[0], after)
 
 
 class OneProduct(nn.Module):

@@ -8,7 +8,8 @@ One job per module:
   registry, the product watcher, timm's defaults).
 * :mod:`~cl_streamkl.capture.layers`: layer selections and each block's attention module.
 * :mod:`~cl_streamkl.capture.graph_reads`: reading the product back from the autograd
-  graph, so that verified modules need not be watched.
+  graph, so that verified modules need not be watched; :func:`graph_reads_disabled`
+  turns that off for a ``with`` block.
 * :mod:`~cl_streamkl.capture.compiled`: :class:`CompiledQK`, a frozen teacher's Q/K from
   one ``torch.compile``'d forward.
 """
@@ -22,6 +23,7 @@ from cl_streamkl.capture.extractors import (
     qk_extractor_for,
     register_qk_extractor,
 )
+from cl_streamkl.capture.graph_reads import graph_reads_disabled
 from cl_streamkl.capture.layers import LayerSpec, find_attention_modules, resolve_layer_indices
 
 __all__ = [
@@ -33,6 +35,7 @@ __all__ = [
     "TeacherQK",
     "attention_product_extractor",
     "find_attention_modules",
+    "graph_reads_disabled",
     "qk_extractor_for",
     "register_qk_extractor",
     "resolve_layer_indices",

@@ -31,7 +31,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from cl_streamkl.capture.graph_reads import GraphReadRegistry, grad_signature, product_from_graph
+# GRAPH_READS is looked up through its module at each forward, so a registry swapped in
+# there (tests start from a fresh one) is the one every capture uses.
+from cl_streamkl.capture import graph_reads
+from cl_streamkl.capture.graph_reads import grad_signature, product_from_graph
 
 __all__ = [
     "QKExtractor",
@@ -60,9 +63,6 @@ that module calls ``record(q, k, scale)`` exactly once, and returns handles whos
 ``remove()`` undoes everything (they are removed even when the forward raised)."""
 
 _EXTRACTORS: dict[type, QKExtractor] = {}
-# Modules whose full watch matched a read of the autograd graph: their later forwards
-# under the same requires_grad settings skip the (host-expensive) TorchFunctionMode.
-_GRAPH_READS = GraphReadRegistry()
 
 _MUL_FUNCS = frozenset({torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__, torch.mul})
 _MATMUL_FUNCS = frozenset({torch.Tensor.matmul, torch.Tensor.__matmul__, torch.matmul})
@@ -262,9 +262,10 @@ def attention_product_extractor(module: nn.Module, record: RecordQK) -> list[Rem
     Watching costs host time on every torch call of the forward. So when a watched
     forward that recorded an autograd graph shows that graph holding the same product
     (one ``scaled_dot_product_attention`` node that saved the same ``q`` and ``k``
-    objects; see :mod:`cl_streamkl.capture.graph_reads`), later forwards of that module with
-    the same ``requires_grad`` settings are read from their graph instead, unwatched;
-    never under ``no_grad`` or saved-tensor hooks (activation checkpointing).
+    objects; see :mod:`cl_streamkl.capture.graph_reads`), later forwards of that module
+    with the same ``requires_grad`` settings are read from their graph instead,
+    unwatched; never under ``no_grad``, saved-tensor hooks (activation checkpointing) or
+    :func:`~cl_streamkl.capture.graph_reads_disabled`.
 
     Args:
         module: the attention module.
@@ -280,7 +281,7 @@ def attention_product_extractor(module: nn.Module, record: RecordQK) -> list[Rem
     def before(_module: nn.Module, args: tuple, kwargs: dict) -> None:
         inputs = (*args, *kwargs.values())
         signature = grad_signature(parameters, inputs)
-        from_graph = _GRAPH_READS.allows(module, signature)
+        from_graph = graph_reads.GRAPH_READS.allows(module, signature)
         pending.update(inputs=inputs, signature=signature, from_graph=from_graph)
         if not from_graph:
             watcher.start()
@@ -295,11 +296,11 @@ def attention_product_extractor(module: nn.Module, record: RecordQK) -> list[Rem
         if output is None:
             return
         if not from_graph:
-            _GRAPH_READS.verify(module, signature, watcher.finish(), output, inputs)
+            graph_reads.GRAPH_READS.verify(module, signature, watcher.finish(), output, inputs)
             return
         product = product_from_graph(output, inputs)
         if product is None:
-            _GRAPH_READS.forget(module)
+            graph_reads.GRAPH_READS.forget(module)
             raise RuntimeError(
                 f"QKCapture lost the attention scores of {qualified_type_name(module)}: this forward left no single "
                 "scaled_dot_product_attention node in the autograd graph, unlike earlier forwards with the "
