@@ -70,9 +70,8 @@ from torch import nn
 
 from bench_attention_kl import KL_IMPLEMENTATIONS, describe_environment, eager_attention_kl, free_memory
 from cl_streamkl import attention_kl_reference
-from cl_streamkl.capture import QKCapture
-from cl_streamkl.compiled_capture import TeacherQK
-from cl_streamkl.strategies.distiller import AttentionDistiller, frozen_copy
+from cl_streamkl.capture import QKCapture, TeacherQK
+from cl_streamkl.strategies import AttentionDistiller, frozen_copy
 
 METHODS = ("none", "eager", "triton", "torch")
 EXTRA_METHODS = ("teacher",)

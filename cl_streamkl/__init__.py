@@ -1,13 +1,14 @@
 """cl-streamkl: streaming attention-KL distillation for continual learning with vision transformers."""
 
 from cl_streamkl.attention_kl import AttentionKLDivLoss, attention_kl
-from cl_streamkl.capture import QKCapture, register_qk_extractor
-from cl_streamkl.compiled_capture import CompiledQK, TeacherQK
+from cl_streamkl.capture import CompiledQK, QKCapture, TeacherQK, register_qk_extractor
 from cl_streamkl.kernels.reference import attention_kl_reference
+from cl_streamkl.strategies.distiller import AttentionDistiller
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AttentionDistiller",
     "AttentionKLDivLoss",
     "CompiledQK",
     "QKCapture",

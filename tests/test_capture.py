@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cl_streamkl import capture as capture_module
+from cl_streamkl.capture import extractors
 from cl_streamkl.capture import QKCapture, register_qk_extractor, resolve_layer_indices
 
 DEPTH = 3
@@ -259,8 +259,8 @@ def test_user_registration_of_a_timm_class_is_not_overridden(isolated_registry) 
         return []
 
     register_qk_extractor(attention_cls, custom)
-    capture_module._ensure_timm_defaults()
-    assert capture_module.qk_extractor_for(tiny_vit().blocks[0].attn) is custom
+    extractors._ensure_timm_defaults()
+    assert extractors.qk_extractor_for(tiny_vit().blocks[0].attn) is custom
 
 
 def test_model_without_attention_is_rejected() -> None:
@@ -305,8 +305,8 @@ class Blocks(nn.Module):
 @pytest.fixture
 def isolated_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     """Registrations made by a test vanish afterwards; timm's defaults stay."""
-    capture_module._ensure_timm_defaults()
-    monkeypatch.setattr(capture_module, "_EXTRACTORS", dict(capture_module._EXTRACTORS))
+    extractors._ensure_timm_defaults()
+    monkeypatch.setattr(extractors, "_EXTRACTORS", dict(extractors._EXTRACTORS))
 
 
 def test_registering_another_attention_class(isolated_registry) -> None:

@@ -11,10 +11,9 @@ from timm.models.vision_transformer import Block
 from torch import nn
 from torch._dynamo.utils import counters
 
-from cl_streamkl.capture import QKCapture
-from cl_streamkl.compiled_capture import CompiledQK, TeacherQK, check_compile_options
-from cl_streamkl.strategies import AttentionDistiller, StreamKLPlugin
-from cl_streamkl.strategies.distiller import frozen_copy
+from cl_streamkl.capture import CompiledQK, QKCapture, TeacherQK
+from cl_streamkl.capture.compiled import check_compile_options
+from cl_streamkl.strategies import AttentionDistiller, StreamKLPlugin, frozen_copy
 
 DEPTH = 3
 # Dynamo alone (no code generation): the traced program runs op by op, so results are exact.

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from cl_streamkl.strategies.distiller import AttentionDistiller, frozen_copy
+from cl_streamkl.strategies.distiller import AttentionDistiller
+from cl_streamkl.strategies.teacher import frozen_copy
 
 __all__ = [
     "AttentionDistiller",

@@ -20,11 +20,8 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import math
-from collections import OrderedDict
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from numbers import Real
 from typing import Any
 
@@ -32,63 +29,15 @@ import torch
 from torch import nn
 
 from cl_streamkl.attention_kl import attention_kl
-from cl_streamkl.capture import LayerSpec, QKCapture
-from cl_streamkl.compiled_capture import CompiledQK, TeacherQK, check_compile_options
+from cl_streamkl.capture import CompiledQK, LayerSpec, QKCapture, TeacherQK
+from cl_streamkl.capture.compiled import check_compile_options
+from cl_streamkl.capture.layers import check_layer_spec
 from cl_streamkl.kernels.validation import check_options
+from cl_streamkl.strategies.teacher import frozen_copy, named_tensors, restore_frozen_copy
 
-__all__ = ["AttentionDistiller", "frozen_copy"]
+__all__ = ["AttentionDistiller"]
 
 STATE_FORMAT = "cl_streamkl.AttentionDistiller/1"
-
-
-def _hook_dict_names(module: nn.Module) -> list[str]:
-    return [
-        name
-        for name, value in vars(module).items()
-        if name.startswith(("_forward", "_backward")) and "hooks" in name and isinstance(value, dict)
-    ]
-
-
-@contextmanager
-def _hooks_detached(model: nn.Module) -> Iterator[None]:
-    """Temporarily empty every forward/backward hook table of ``model``'s modules.
-
-    ``copy.deepcopy`` would otherwise copy the hooks, and with them whatever their
-    closures reference (captures, strategies, recorded tensors).
-    """
-    saved: list[tuple[nn.Module, str, dict]] = []
-    try:
-        for module in model.modules():
-            for name in _hook_dict_names(module):
-                table = getattr(module, name)
-                saved.append((module, name, table))
-                setattr(module, name, type(table)())
-        yield
-    finally:
-        for module, name, table in saved:
-            setattr(module, name, table)
-
-
-def frozen_copy(model: nn.Module) -> nn.Module:
-    """A hook-free deep copy of ``model`` in eval mode with ``requires_grad=False`` everywhere.
-
-    The copy lives on the same device(s) as ``model``; ``model`` itself is left as it was.
-    """
-    with _hooks_detached(model):
-        snapshot = copy.deepcopy(model)
-    snapshot.eval()
-    snapshot.requires_grad_(False)
-    return snapshot
-
-
-def _named_tensors(model: nn.Module) -> OrderedDict[str, torch.Tensor]:
-    """Every parameter and buffer (persistent or not), as plain detached tensors."""
-    tensors: OrderedDict[str, torch.Tensor] = OrderedDict()
-    for name, param in model.named_parameters():
-        tensors[name] = param.detach()
-    for name, buffer in model.named_buffers():
-        tensors[name] = buffer.detach()
-    return tensors
 
 
 def _check_alpha(alpha: object) -> float:
@@ -98,28 +47,6 @@ def _check_alpha(alpha: object) -> float:
     if not math.isfinite(alpha) or alpha < 0.0:
         raise ValueError(f"alpha must be a finite number >= 0, got {alpha}")
     return alpha
-
-
-def _check_layers(layers: object) -> LayerSpec:
-    """Check the form of ``layers`` before a model is known (ranges are checked on attach)."""
-    if isinstance(layers, str):
-        if layers != "all":
-            raise ValueError(f"layers must be 'all', an int or a list of ints, got the string {layers!r}")
-        return layers
-    if isinstance(layers, bool):
-        raise TypeError("layers must be 'all', an int or a list of ints, got a bool")
-    if isinstance(layers, int):
-        if layers < 1:
-            raise ValueError(f"layers={layers} selects the last n blocks and needs n >= 1")
-        return layers
-    if not isinstance(layers, (list, tuple)):
-        raise TypeError(f"layers must be 'all', an int or a list of ints, got {type(layers).__name__}")
-    if not layers:
-        raise ValueError("layers must not be an empty list")
-    for index in layers:
-        if isinstance(index, bool) or not isinstance(index, int):
-            raise TypeError(f"layers must contain ints, got {index!r}")
-    return list(layers)
 
 
 class AttentionDistiller:
@@ -132,7 +59,7 @@ class AttentionDistiller:
         temperature: softmax temperature of both attention distributions, > 0.
         backend: ``attention_kl`` backend: ``"auto"``, ``"triton"`` or ``"torch"``.
         compile_teacher: run the teacher's forward through ``torch.compile``
-            (:class:`~cl_streamkl.compiled_capture.CompiledQK`): ``True``, or a mapping of
+            (:class:`~cl_streamkl.capture.CompiledQK`): ``True``, or a mapping of
             ``torch.compile`` keyword arguments. The compiled forward skips everything
             the selected Q/K do not need; its first call per input shape is checked
             against the eager capture. Needs attention that calls
@@ -162,7 +89,7 @@ class AttentionDistiller:
         )
         self.temperature = float(temperature)
         self.backend = backend
-        self.layers: LayerSpec = _check_layers(layers)
+        self.layers: LayerSpec = check_layer_spec(layers)
         self.teacher_updates = 0
         self._teacher: nn.Module | None = None
         self._compiled_teacher: CompiledQK | None = None
@@ -317,26 +244,7 @@ class AttentionDistiller:
         self.validate(model)
         if self._pending_teacher is None:
             return
-        saved = self._pending_teacher
-        teacher = frozen_copy(model)
-        targets = _named_tensors(teacher)
-        if set(targets) != set(saved):
-            missing = sorted(set(targets) - set(saved))[:5]
-            unexpected = sorted(set(saved) - set(targets))[:5]
-            raise ValueError(
-                f"the saved teacher does not fit this model: missing {missing}, unexpected {unexpected}"
-            )
-        for name, target in targets.items():
-            source = saved[name]
-            if source.shape != target.shape or source.dtype != target.dtype:
-                raise ValueError(
-                    f"the saved teacher's {name} is {source.dtype}{tuple(source.shape)} but the model's is "
-                    f"{target.dtype}{tuple(target.shape)}"
-                )
-        with torch.no_grad():
-            for name, target in targets.items():
-                target.copy_(saved[name])
-        self._set_teacher(teacher)
+        self._set_teacher(restore_frozen_copy(model, self._pending_teacher))
         self._pending_teacher = None
 
     def _config(self) -> dict[str, Any]:
@@ -357,7 +265,7 @@ class AttentionDistiller:
         if self._pending_teacher is not None:
             teacher_tensors: dict[str, torch.Tensor] | None = dict(self._pending_teacher)
         elif self._teacher is not None:
-            teacher_tensors = dict(_named_tensors(self._teacher))
+            teacher_tensors = dict(named_tensors(self._teacher))
         else:
             teacher_tensors = None
         return {

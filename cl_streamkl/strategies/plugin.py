@@ -30,8 +30,7 @@ import torch
 from avalanche.training.plugins import SupervisedPlugin
 from torch import nn
 
-from cl_streamkl.capture import LayerSpec, QKCapture
-from cl_streamkl.compiled_capture import TeacherQK
+from cl_streamkl.capture import LayerSpec, QKCapture, TeacherQK
 from cl_streamkl.strategies.distiller import AttentionDistiller
 
 if TYPE_CHECKING:

@@ -1,28 +1,32 @@
 """Read the score product of one attention forward from the autograd graph it built.
 
-Watching a forward with a ``TorchFunctionMode`` (see :mod:`cl_streamkl.capture`) sends
-every torch call of that forward through Python; for a ViT-B training step that host
-time showed up as several milliseconds of idle GPU. When the forward records a graph,
-the product is also reachable after the fact: ``F.scaled_dot_product_attention``
-leaves one backward node (flash, efficient, cuDNN or CPU flavour) whose saved
-``query``/``key`` are the very tensor objects it was called with, and whose saved
-``scale``, ``is_causal`` and ``attn_mask`` say how the scores were formed. Walking
-back from the module's output to its inputs finds that node in a few dozen steps.
+Watching a forward with a ``TorchFunctionMode`` (see
+:mod:`cl_streamkl.capture.extractors`) sends every torch call of that forward through
+Python; for a ViT-B training step that host time showed up as several milliseconds of
+idle GPU. When the forward records a graph, the product is also reachable after the
+fact: ``F.scaled_dot_product_attention`` leaves one backward node (flash, efficient,
+cuDNN or CPU flavour) whose saved ``query``/``key`` are the very tensor objects it was
+called with, and whose saved ``scale``, ``is_causal`` and ``attn_mask`` say how the
+scores were formed. Walking back from the module's output to its inputs finds that node
+in a few dozen steps.
 
 :class:`GraphReadRegistry` makes this safe to use instead of the mode: a module is read
 from the graph only under conditions (which parameters and inputs require grad) in which
 a full watch of an earlier forward of the same module found *the same* tensor objects.
+Every capture consults one registry, :data:`GRAPH_READS`; :func:`graph_reads_disabled`
+turns it off for a ``with`` block.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 
 import torch
 from torch import nn
 
-__all__ = ["GraphReadRegistry", "grad_signature", "product_from_graph"]
+__all__ = ["GRAPH_READS", "GraphReadRegistry", "grad_signature", "graph_reads_disabled", "product_from_graph"]
 
 # Between an attention module's output and its inputs there are about ten nodes plus the
 # weights' accumulators; a walk that goes much further has left the module.
@@ -110,10 +114,26 @@ class GraphReadRegistry:
 
     def __init__(self) -> None:
         self._verified: weakref.WeakKeyDictionary[nn.Module, set[tuple[bool, ...]]] = weakref.WeakKeyDictionary()
+        # A depth rather than a flag, so that nested disabled() blocks each restore what they found.
+        self._disabled_depth = 0
+
+    @contextmanager
+    def disabled(self) -> Iterator[None]:
+        """Allow nothing and verify nothing inside the ``with`` block.
+
+        What was verified before is kept and allowed again after the block.
+        """
+        self._disabled_depth += 1
+        try:
+            yield
+        finally:
+            self._disabled_depth -= 1
 
     def allows(self, module: nn.Module, signature: tuple[bool, ...] | None) -> bool:
         """Whether a forward of ``module`` under ``signature`` may be read from the graph."""
-        return signature is not None and signature in self._verified.get(module, ())
+        if self._disabled_depth or signature is None:
+            return False
+        return signature in self._verified.get(module, ())
 
     def verify(
         self,
@@ -124,7 +144,7 @@ class GraphReadRegistry:
         inputs: Iterable[object],
     ) -> None:
         """Allow ``signature`` if the graph yields exactly what the full watch ``watched`` found."""
-        if signature is None:
+        if self._disabled_depth or signature is None:
             return
         read = product_from_graph(outputs, inputs)
         if read is not None and read[0] is watched[0] and read[1] is watched[1] and read[2] == watched[2]:
@@ -133,3 +153,25 @@ class GraphReadRegistry:
     def forget(self, module: nn.Module) -> None:
         """Watch every later forward of ``module`` in full until it is verified again."""
         self._verified.pop(module, None)
+
+
+GRAPH_READS = GraphReadRegistry()
+"""The registry every capture consults: modules whose full watch matched a read of the
+autograd graph have their later forwards, under the same ``requires_grad`` settings, read
+from the graph instead of watched with the (host-expensive) ``TorchFunctionMode``."""
+
+
+def graph_reads_disabled() -> AbstractContextManager[None]:
+    """Inside it, every capture watches forwards in full; graph reads are neither used nor learned.
+
+    Every forward of a captured attention module inside the ``with`` block runs under the
+    product watcher, also where an earlier forward was verified; and no forward inside
+    verifies a module for later. For measuring or checking the full watch against the
+    graph reads. Modules verified before the block are read from the graph again after
+    it. Blocks nest; the switch holds for every thread.
+
+    Example:
+        >>> with graph_reads_disabled(), QKCapture(model) as cap:
+        ...     logits = model(x)        # every selected block watched in full
+    """
+    return GRAPH_READS.disabled()

@@ -10,10 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cl_streamkl import capture as capture_module
-from cl_streamkl import graph_capture as graph_capture_module
-from cl_streamkl.capture import QKCapture
-from cl_streamkl.graph_capture import GraphReadRegistry, product_from_graph
+from cl_streamkl.capture import QKCapture, extractors, graph_reads, graph_reads_disabled
+from cl_streamkl.capture.graph_reads import GraphReadRegistry, product_from_graph
 
 DEPTH = 3
 
@@ -29,20 +27,20 @@ def tiny_model(arch: str = "vit") -> nn.Module:
 
 @pytest.fixture(autouse=True)
 def fresh_registry(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(capture_module, "_GRAPH_READS", GraphReadRegistry())
+    monkeypatch.setattr(graph_reads, "GRAPH_READS", GraphReadRegistry())
 
 
 @pytest.fixture
 def full_watches(monkeypatch: pytest.MonkeyPatch) -> list[nn.Module]:
     """The modules whose forward was watched with the TorchFunctionMode, one entry per forward."""
     watched: list[nn.Module] = []
-    start = capture_module._ProductWatcher.start
+    start = extractors._ProductWatcher.start
 
     def counting_start(self) -> None:
         watched.append(self.module)
         start(self)
 
-    monkeypatch.setattr(capture_module._ProductWatcher, "start", counting_start)
+    monkeypatch.setattr(extractors._ProductWatcher, "start", counting_start)
     return watched
 
 
@@ -125,10 +123,26 @@ def test_a_forward_that_stops_matching_raises_then_is_watched_again(full_watches
     model.blocks[0].attn.fused_attn = False  # the verified block now forms its scores by hand
     with pytest.raises(RuntimeError, match="next forward is watched in full again"), QKCapture(model):
         model(x)
-    assert capture_module._GRAPH_READS.allows(model.blocks[0].attn, (True,)) is False
+    assert graph_reads.GRAPH_READS.allows(model.blocks[0].attn, (True,)) is False
     recovered = captured(model, x)
     assert full_watches.count(model.blocks[0].attn) == 2
     assert_same_values(fused, recovered, exact=False)
+
+
+def test_graph_reads_disabled_watches_every_forward_and_learns_nothing(full_watches: list[nn.Module]) -> None:
+    model, x = tiny_model(), torch.randn(2, 3, 32, 32)
+    with graph_reads_disabled():
+        inside = [captured(model, x) for _ in range(2)]
+    assert len(full_watches) == 2 * DEPTH, "inside, every forward is watched"
+    captured(model, x)
+    assert len(full_watches) == 3 * DEPTH, "nothing was verified inside"
+    with graph_reads_disabled(), graph_reads_disabled():
+        captured(model, x)
+    assert len(full_watches) == 4 * DEPTH, "what was verified before is not used inside"
+    after = captured(model, x)
+    assert len(full_watches) == 4 * DEPTH, "what was verified before is used again after"
+    assert_same_values(inside[0], inside[1])
+    assert_same_values(inside[0], after)
 
 
 class OneProduct(nn.Module):
@@ -187,7 +201,7 @@ def test_forwards_under_saved_tensor_hooks_are_watched_not_read(
     # checkpointed block, or a copy back from the CPU, handing back another tensor.
     model, x = tiny_model(), torch.randn(2, 3, 32, 32)
     walks = []
-    for module in (capture_module, graph_capture_module):
+    for module in (extractors, graph_reads):
         monkeypatch.setattr(module, "product_from_graph", lambda *a: walks.append(1))
 
     def step() -> list[torch.Tensor]:

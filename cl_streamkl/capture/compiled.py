@@ -35,7 +35,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from cl_streamkl.capture import LayerSpec, QKCapture, find_attention_modules, resolve_layer_indices
+from cl_streamkl.capture.context import QKCapture
+from cl_streamkl.capture.layers import LayerSpec, find_attention_modules, resolve_layer_indices
 
 __all__ = ["CompiledQK", "TeacherQK", "check_compile_options"]
 

@@ -1,10 +1,4 @@
-"""Capture the queries and keys that a vision transformer's attention blocks multiply.
-
-:class:`QKCapture` hooks the attention module of selected blocks and records, for every
-forward, the exact ``q`` and ``k`` tensors whose product becomes that block's attention
-scores: after qk-norm, after rotary embeddings, before the softmax scale. The tensors are
-the ones the model itself uses, so they keep their autograd graph and their strides
-(timm's ``q``/``k`` are strided views of one permuted ``qkv`` tensor); nothing is copied.
+"""How one attention block is read: the Q/K extractor registry and the built-in product watcher.
 
 How a block is read is decided by an *extractor* looked up by the attention module's
 exact type (see :func:`register_qk_extractor`). The built-in
@@ -24,61 +18,51 @@ Registered by default: timm's ``Attention`` (ViT, DeiT, DeiT-3), ``AttentionRope
 ``eva.EvaAttention`` (EVA, EVA-02). Attention classes with extra score terms, such as
 BEiT's relative-position bias, are deliberately not registered and are rejected with a
 clear error.
-
-Example:
-    >>> with QKCapture(model, layers=[-2, -1]) as cap:
-    ...     logits = model(x)
-    >>> q, k = cap.qk[0]          # block len(blocks) - 2, each (B, H, N, D)
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Protocol, Union
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from cl_streamkl.graph_capture import GraphReadRegistry, grad_signature, product_from_graph
+# GRAPH_READS is looked up through its module at each forward, so a registry swapped in
+# there (tests start from a fresh one) is the one every capture uses.
+from cl_streamkl.capture import graph_reads
+from cl_streamkl.capture.graph_reads import grad_signature, product_from_graph
 
 __all__ = [
-    "LayerSpec",
-    "QKCapture",
     "QKExtractor",
     "RecordQK",
+    "Removable",
     "attention_product_extractor",
-    "find_attention_modules",
     "qk_extractor_for",
+    "qualified_type_name",
     "register_qk_extractor",
-    "resolve_layer_indices",
 ]
-
-LayerSpec = Union[str, int, Sequence[int]]
-"""Which blocks to capture: ``"all"``, an int ``n`` (the last n blocks) or a list of
-block indices (negative indices count from the end), as in timm's
-``forward_intermediates(indices=...)``."""
 
 RecordQK = Callable[[torch.Tensor, torch.Tensor, float], None]
 """Called by an extractor once per forward of its module with ``(q, k, scale)``:
 q (B, H, Nq, D), k (B, H, Nk, D) and the softmax scale the module applies to ``q kᵀ``."""
 
 
-class _Removable(Protocol):
+class Removable(Protocol):
+    """A hook handle: ``remove()`` undoes what was installed."""
+
     def remove(self) -> None: ...
 
 
-QKExtractor = Callable[[nn.Module, RecordQK], Sequence[_Removable]]
+QKExtractor = Callable[[nn.Module, RecordQK], Sequence[Removable]]
 """Installs whatever hooks it needs on one attention module so that every forward of
 that module calls ``record(q, k, scale)`` exactly once, and returns handles whose
 ``remove()`` undoes everything (they are removed even when the forward raised)."""
 
 _EXTRACTORS: dict[type, QKExtractor] = {}
-# Modules whose full watch matched a read of the autograd graph: their later forwards
-# under the same requires_grad settings skip the (host-expensive) TorchFunctionMode.
-_GRAPH_READS = GraphReadRegistry()
 
 _MUL_FUNCS = frozenset({torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__, torch.mul})
 _MATMUL_FUNCS = frozenset({torch.Tensor.matmul, torch.Tensor.__matmul__, torch.matmul})
@@ -87,7 +71,7 @@ _LAST_TWO_DIMS = ({-2, -1}, {2, 3})
 
 
 def register_qk_extractor(attention_cls: type, extractor: QKExtractor | None = None) -> None:
-    """Teach :class:`QKCapture` to read another attention class.
+    """Teach :class:`~cl_streamkl.capture.QKCapture` to read another attention class.
 
     Lookup is by exact type, so a subclass that changes how scores are formed is never
     read with its parent's rules by accident; register each class you use.
@@ -128,7 +112,8 @@ def qk_extractor_for(module: nn.Module) -> QKExtractor | None:
     return _EXTRACTORS.get(type(module))
 
 
-def _type_name(obj: object) -> str:
+def qualified_type_name(obj: object) -> str:
+    """``module.QualName`` of ``obj``'s type, as error messages name attention classes."""
     cls = type(obj)
     return f"{cls.__module__}.{cls.__qualname__}"
 
@@ -170,7 +155,7 @@ class _ProductWatcher(TorchFunctionMode):
 
     def _fail(self, why: str) -> RuntimeError:
         return RuntimeError(
-            f"QKCapture cannot read the attention scores of {_type_name(self.module)}: {why}. "
+            f"QKCapture cannot read the attention scores of {qualified_type_name(self.module)}: {why}. "
             "Register a dedicated extractor with cl_streamkl.capture.register_qk_extractor()."
         )
 
@@ -265,7 +250,7 @@ def _parameters_of(module: nn.Module) -> list[nn.Parameter]:
     return _PARAMETERS[module]
 
 
-def attention_product_extractor(module: nn.Module, record: RecordQK) -> list[_Removable]:
+def attention_product_extractor(module: nn.Module, record: RecordQK) -> list[Removable]:
     """The default extractor: watch the module's forward for its score product.
 
     Records the ``q`` and ``k`` passed to ``F.scaled_dot_product_attention`` (scale: its
@@ -277,9 +262,10 @@ def attention_product_extractor(module: nn.Module, record: RecordQK) -> list[_Re
     Watching costs host time on every torch call of the forward. So when a watched
     forward that recorded an autograd graph shows that graph holding the same product
     (one ``scaled_dot_product_attention`` node that saved the same ``q`` and ``k``
-    objects; see :mod:`cl_streamkl.graph_capture`), later forwards of that module with
-    the same ``requires_grad`` settings are read from their graph instead, unwatched;
-    never under ``no_grad`` or saved-tensor hooks (activation checkpointing).
+    objects; see :mod:`cl_streamkl.capture.graph_reads`), later forwards of that module
+    with the same ``requires_grad`` settings are read from their graph instead,
+    unwatched; never under ``no_grad``, saved-tensor hooks (activation checkpointing) or
+    :func:`~cl_streamkl.capture.graph_reads_disabled`.
 
     Args:
         module: the attention module.
@@ -295,7 +281,7 @@ def attention_product_extractor(module: nn.Module, record: RecordQK) -> list[_Re
     def before(_module: nn.Module, args: tuple, kwargs: dict) -> None:
         inputs = (*args, *kwargs.values())
         signature = grad_signature(parameters, inputs)
-        from_graph = _GRAPH_READS.allows(module, signature)
+        from_graph = graph_reads.GRAPH_READS.allows(module, signature)
         pending.update(inputs=inputs, signature=signature, from_graph=from_graph)
         if not from_graph:
             watcher.start()
@@ -310,13 +296,13 @@ def attention_product_extractor(module: nn.Module, record: RecordQK) -> list[_Re
         if output is None:
             return
         if not from_graph:
-            _GRAPH_READS.verify(module, signature, watcher.finish(), output, inputs)
+            graph_reads.GRAPH_READS.verify(module, signature, watcher.finish(), output, inputs)
             return
         product = product_from_graph(output, inputs)
         if product is None:
-            _GRAPH_READS.forget(module)
+            graph_reads.GRAPH_READS.forget(module)
             raise RuntimeError(
-                f"QKCapture lost the attention scores of {_type_name(module)}: this forward left no single "
+                f"QKCapture lost the attention scores of {qualified_type_name(module)}: this forward left no single "
                 "scaled_dot_product_attention node in the autograd graph, unlike earlier forwards with the "
                 "same requires_grad settings (did its attention change, e.g. fused_attn?). The next "
                 "forward is watched in full again; run this one again."
@@ -358,221 +344,3 @@ def _ensure_timm_defaults() -> None:
     for cls in candidates:
         if isinstance(cls, type) and issubclass(cls, nn.Module):
             _EXTRACTORS.setdefault(cls, attention_product_extractor)
-
-
-def _looks_like_attention(module: nn.Module) -> bool:
-    return "attention" in type(module).__name__.lower()
-
-
-def find_attention_modules(model: nn.Module) -> list[nn.Module]:
-    """The attention module of every transformer block of ``model``, in block order.
-
-    A model with a ``blocks`` container (timm ViT, DeiT, EVA, ...) must have exactly one
-    capturable attention module per block; any other model contributes every module
-    with a registered extractor, in ``model.modules()`` order.
-
-    Args:
-        model: the vision transformer.
-
-    Returns:
-        One attention module per block.
-
-    Raises:
-        TypeError: ``model`` is not an ``nn.Module``, a block has no attention module
-            with a registered extractor (the message names the module type found), or
-            the model has no capturable attention at all.
-    """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    blocks = getattr(model, "blocks", None)
-    if isinstance(blocks, nn.Module) and len(list(blocks.children())) > 0:
-        found = []
-        for index, block in enumerate(blocks.children()):
-            registered = [m for m in block.modules() if qk_extractor_for(m) is not None]
-            if len(registered) != 1:
-                if registered:
-                    problem = f"{len(registered)} attention modules ({', '.join(_type_name(m) for m in registered)})"
-                else:
-                    others = [_type_name(m) for m in block.modules() if _looks_like_attention(m)]
-                    problem = (
-                        f"attention module {', '.join(others)} which has no registered Q/K extractor"
-                        if others
-                        else f"no attention module (block type {_type_name(block)})"
-                    )
-                raise TypeError(
-                    f"QKCapture cannot capture block {index} of {_type_name(model)}: it has {problem}. "
-                    "Attention with extra score terms (e.g. relative-position bias) cannot be captured "
-                    "faithfully; for a plain q·kᵀ attention class, register it with "
-                    "cl_streamkl.capture.register_qk_extractor()."
-                )
-            found.append(registered[0])
-        return found
-    found = [m for m in model.modules() if qk_extractor_for(m) is not None]
-    if not found:
-        others = sorted({_type_name(m) for m in model.modules() if _looks_like_attention(m)})
-        detail = (
-            f"its attention modules ({', '.join(others)}) have no registered Q/K extractor"
-            if others
-            else "it contains no attention module QKCapture knows"
-        )
-        raise TypeError(
-            f"QKCapture cannot capture {_type_name(model)}: {detail}. Register the attention class "
-            "with cl_streamkl.capture.register_qk_extractor()."
-        )
-    return found
-
-
-def resolve_layer_indices(layers: LayerSpec, num_blocks: int) -> list[int]:
-    """Absolute block indices selected by ``layers`` (timm's ``forward_intermediates`` rules).
-
-    Args:
-        layers: ``"all"``; an int ``n`` with ``1 <= n <= num_blocks`` selecting the last
-            n blocks; or a non-empty list/tuple of distinct indices in
-            ``[-num_blocks, num_blocks)``, negative ones counting from the end.
-        num_blocks: how many blocks the model has.
-
-    Returns:
-        Sorted absolute indices.
-
-    Raises:
-        TypeError: ``layers`` has the wrong type.
-        ValueError: an index or count is out of range, the list is empty or repeats a block.
-    """
-    if isinstance(layers, str):
-        if layers != "all":
-            raise ValueError(f"layers must be 'all', an int or a list of ints, got the string {layers!r}")
-        return list(range(num_blocks))
-    if isinstance(layers, bool):
-        raise TypeError("layers must be 'all', an int or a list of ints, got a bool")
-    if isinstance(layers, int):
-        if not 1 <= layers <= num_blocks:
-            raise ValueError(f"layers={layers} selects the last n blocks and needs 1 <= n <= {num_blocks}")
-        return list(range(num_blocks - layers, num_blocks))
-    if not isinstance(layers, (list, tuple)):
-        raise TypeError(f"layers must be 'all', an int or a list of ints, got {type(layers).__name__}")
-    if not layers:
-        raise ValueError("layers must not be an empty list")
-    resolved = []
-    for index in layers:
-        if isinstance(index, bool) or not isinstance(index, int):
-            raise TypeError(f"layers must contain ints, got {index!r}")
-        if not -num_blocks <= index < num_blocks:
-            raise ValueError(f"layer index {index} is out of range for a model with {num_blocks} blocks")
-        resolved.append(index % num_blocks)
-    if len(set(resolved)) != len(resolved):
-        raise ValueError(f"layers {list(layers)} select the same block more than once")
-    return sorted(resolved)
-
-
-class _CaptureComplete(Exception):
-    """Raised by a ``stop_early`` capture to end the forward; its ``with`` block swallows it."""
-
-
-class QKCapture:
-    """Context manager recording the Q/K each selected block's attention multiplies.
-
-    The model and the layer selection are checked at construction; hooks exist only
-    inside the ``with`` block and are removed on exit, also when the forward raises.
-    When the model runs several times inside one ``with``, ``qk`` holds the last run.
-
-    Args:
-        model: a vision transformer whose blocks' attention classes have extractors
-            (timm ViT/DeiT/DeiT-3/EVA/EVA-02 out of the box).
-        layers: ``"all"``, an int n (the last n blocks) or a list of block indices
-            (negative allowed).
-        stop_early: end the model's forward as soon as every selected block's attention
-            has run, skipping the rest (later blocks, the MLP of the last one, the head),
-            and leave the ``with`` block at once: for a teacher whose output is not
-            needed. Statements after the forward inside the ``with`` do not run.
-
-    Attributes:
-        block_indices: resolved absolute block indices, ascending.
-        attention_modules: the attention module of each selected block.
-
-    Raises:
-        TypeError: the model has no capturable attention (see :func:`find_attention_modules`).
-        ValueError: the layer selection does not fit the model.
-    """
-
-    def __init__(self, model: nn.Module, layers: LayerSpec = "all", *, stop_early: bool = False) -> None:
-        modules = find_attention_modules(model)
-        self.stop_early = stop_early
-        self.model = model
-        self.block_indices: list[int] = resolve_layer_indices(layers, len(modules))
-        self.attention_modules: list[nn.Module] = [modules[i] for i in self.block_indices]
-        self._records: list[tuple[torch.Tensor, torch.Tensor, float] | None] = [None] * len(self.block_indices)
-        self._handles: list[_Removable] = []
-
-    def _recorder(self, slot: int) -> RecordQK:
-        def record(q: torch.Tensor, k: torch.Tensor, scale: float) -> None:
-            self._records[slot] = (q, k, scale)
-
-        return record
-
-    @property
-    def active(self) -> bool:
-        """Whether the hooks are installed."""
-        return bool(self._handles)
-
-    def __enter__(self) -> QKCapture:
-        if self._handles:
-            raise RuntimeError("this QKCapture is already active; it cannot be entered twice")
-        self.clear()
-        try:
-            for slot, module in enumerate(self.attention_modules):
-                extractor = qk_extractor_for(module)
-                if extractor is None:
-                    raise TypeError(f"no Q/K extractor is registered for {_type_name(module)} any more")
-                self._handles.extend(extractor(module, self._recorder(slot)))
-            if self.stop_early:
-                # Registered after the extractors' hooks, so it runs once they have recorded.
-                self._handles.extend(
-                    module.register_forward_hook(self._stop_if_complete) for module in self.attention_modules
-                )
-        except BaseException:
-            self.remove_hooks()
-            raise
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, *exc_info: object) -> bool:
-        self.remove_hooks()
-        return exc_type is _CaptureComplete
-
-    def _stop_if_complete(self, _module: nn.Module, _args: tuple, _output: object) -> None:
-        if all(record is not None for record in self._records):
-            raise _CaptureComplete
-
-    def remove_hooks(self) -> None:
-        """Remove every hook this capture installed (idempotent); recorded tensors are kept."""
-        handles, self._handles = self._handles, []
-        for handle in reversed(handles):
-            handle.remove()
-
-    def clear(self) -> None:
-        """Drop the recorded tensors (and the autograd graph they keep alive)."""
-        self._records = [None] * len(self.block_indices)
-
-    def _complete_records(self) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
-        missing = [self.block_indices[i] for i, rec in enumerate(self._records) if rec is None]
-        if missing:
-            raise RuntimeError(
-                f"no Q/K was captured for blocks {missing}: run the model inside the `with QKCapture(...)` block"
-            )
-        return self._records  # type: ignore[return-value]
-
-    @property
-    def qk(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """``[(q, k), ...]`` per selected block: q (B, H, Nq, D), k (B, H, Nk, D).
-
-        Exactly the tensors the block multiplies (views with the model's strides and
-        autograd graph). Raises ``RuntimeError`` if a selected block has not run.
-        """
-        return [(q, k) for q, k, _ in self._complete_records()]
-
-    @property
-    def scales(self) -> list[float]:
-        """The softmax scale each selected block applies to ``q kᵀ`` (timm: ``D**-0.5``)."""
-        return [scale for _, _, scale in self._complete_records()]
-
-    def __repr__(self) -> str:
-        return f"QKCapture(blocks={self.block_indices}, active={self.active})"

@@ -1,0 +1,42 @@
+"""Capture the queries and keys that a vision transformer's attention blocks multiply.
+
+One job per module:
+
+* :mod:`~cl_streamkl.capture.context`: :class:`QKCapture`, the context manager that
+  records the Q/K of selected blocks during a forward.
+* :mod:`~cl_streamkl.capture.extractors`: how one attention class is read (the extractor
+  registry, the product watcher, timm's defaults).
+* :mod:`~cl_streamkl.capture.layers`: layer selections and each block's attention module.
+* :mod:`~cl_streamkl.capture.graph_reads`: reading the product back from the autograd
+  graph, so that verified modules need not be watched; :func:`graph_reads_disabled`
+  turns that off for a ``with`` block.
+* :mod:`~cl_streamkl.capture.compiled`: :class:`CompiledQK`, a frozen teacher's Q/K from
+  one ``torch.compile``'d forward.
+"""
+
+from cl_streamkl.capture.compiled import CompiledQK, TeacherQK
+from cl_streamkl.capture.context import QKCapture
+from cl_streamkl.capture.extractors import (
+    QKExtractor,
+    RecordQK,
+    attention_product_extractor,
+    qk_extractor_for,
+    register_qk_extractor,
+)
+from cl_streamkl.capture.graph_reads import graph_reads_disabled
+from cl_streamkl.capture.layers import LayerSpec, find_attention_modules, resolve_layer_indices
+
+__all__ = [
+    "CompiledQK",
+    "LayerSpec",
+    "QKCapture",
+    "QKExtractor",
+    "RecordQK",
+    "TeacherQK",
+    "attention_product_extractor",
+    "find_attention_modules",
+    "graph_reads_disabled",
+    "qk_extractor_for",
+    "register_qk_extractor",
+    "resolve_layer_indices",
+]
