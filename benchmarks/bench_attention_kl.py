@@ -6,7 +6,7 @@ Implementations, all timed on the same inputs in one process:
 * ``torch``    — ``attention_kl(..., backend="torch")``, the PyTorch streaming backend.
 * ``eager``    — the usual distillation code: both score matrices materialised, fp32
   ``log_softmax`` of each, ``F.kl_div(log_p_student, log_p_teacher, log_target=True)``
-  summed over keys and averaged over rows (:func:`eager_attention_kl`).
+  summed over keys and averaged over rows (``cl_streamkl.kernels.eager_attention_kl``).
 * ``compiled`` — ``torch.compile(eager_attention_kl, dynamic=False)``, recompiled for every
   problem (``torch._dynamo.reset()``) so each shape gets its own static graph.
 * ``sdpa``     — ``F.scaled_dot_product_attention`` at the same (B, H, N, D), the speed of
@@ -94,6 +94,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
 from cl_streamkl import attention_kl, attention_kl_reference
+from cl_streamkl.kernels import eager_attention_kl
 
 Shape = tuple[int, int, int, int]
 
@@ -236,61 +237,6 @@ class Workload:
         return sum(t.grad.nbytes for t in self.leaves if t.grad is not None)
 
 
-def eager_attention_kl_rows(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    q_teacher: torch.Tensor,
-    k_teacher: torch.Tensor,
-    causal: bool = False,
-    *,
-    scale: float | None = None,
-    teacher_scale: float | None = None,
-) -> torch.Tensor:
-    """Per-row KL(P_teacher ‖ P_student), the usual materialising way.
-
-    Args:
-        q, k: student queries and keys, (B, H, N, Ds).
-        q_teacher, k_teacher: teacher queries and keys, (B, H, N, Dt).
-        causal: mask key j > query i.
-        scale, teacher_scale: softmax scales, default Ds**-0.5 and Dt**-0.5.
-
-    Returns:
-        (B, H, N) float32. Both (B, H, N, N) score matrices exist in the input dtype and
-        again in float32, as in typical distillation code.
-    """
-    scale = q.size(-1) ** -0.5 if scale is None else scale
-    teacher_scale = q_teacher.size(-1) ** -0.5 if teacher_scale is None else teacher_scale
-    student = (q @ k.transpose(-2, -1)).float() * scale
-    teacher = (q_teacher @ k_teacher.transpose(-2, -1)).float() * teacher_scale
-    if causal:
-        n = q.size(2)
-        future = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
-        # The dtype's minimum rather than −inf: exp gives 0 and the log-ratio of two masked
-        # entries stays finite, so kl_div sees no 0·(−inf − −inf).
-        lowest = torch.finfo(torch.float32).min
-        student = student.masked_fill(future, lowest)
-        teacher = teacher.masked_fill(future, lowest)
-    log_p_student = student.log_softmax(dim=-1)
-    log_p_teacher = teacher.log_softmax(dim=-1)
-    per_entry = F.kl_div(log_p_student, log_p_teacher, reduction="none", log_target=True)
-    return per_entry.sum(dim=-1)
-
-
-def eager_attention_kl(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    q_teacher: torch.Tensor,
-    k_teacher: torch.Tensor,
-    causal: bool = False,
-    *,
-    scale: float | None = None,
-    teacher_scale: float | None = None,
-) -> torch.Tensor:
-    """Mean over (B, H, N) rows of :func:`eager_attention_kl_rows`: a float32 scalar loss."""
-    rows = eager_attention_kl_rows(q, k, q_teacher, k_teacher, causal, scale=scale, teacher_scale=teacher_scale)
-    return rows.mean()
-
-
 def parse_shape(text: str) -> Shape:
     """Parse ``"BxHxNxD"`` (e.g. ``8x12x1024x64``) into four positive ints."""
     parts = text.lower().split("x")
@@ -376,7 +322,7 @@ def make_workload(impl: str, problem: Problem, inputs: dict[str, torch.Tensor]) 
     if impl == "eager":
         return Workload(
             leaves=[q, k],
-            forward=lambda: eager_attention_kl(q, k, q_teacher, k_teacher, causal),
+            forward=lambda: eager_attention_kl(q, k, q_teacher, k_teacher, causal=causal),
             backward=_backward_scalar,
         )
     if impl == "compiled":
@@ -386,7 +332,7 @@ def make_workload(impl: str, problem: Problem, inputs: dict[str, torch.Tensor]) 
         compiled = torch.compile(eager_attention_kl, dynamic=False)
         return Workload(
             leaves=[q, k],
-            forward=lambda: compiled(q, k, q_teacher, k_teacher, causal),
+            forward=lambda: compiled(q, k, q_teacher, k_teacher, causal=causal),
             backward=_backward_scalar,
         )
     if impl == "sdpa":
@@ -606,7 +552,7 @@ def check_problem(problem: Problem, impls: Sequence[str], device: torch.device) 
         if impl in KL_IMPLEMENTATIONS:
             rows = attention_kl(q, k, q_teacher, k_teacher, causal=problem.causal, reduction="none", backend=impl)
         elif impl == "eager":
-            rows = eager_attention_kl_rows(q, k, q_teacher, k_teacher, problem.causal)
+            rows = eager_attention_kl(q, k, q_teacher, k_teacher, causal=problem.causal, reduction="none")
         else:
             continue
         dq, dk = torch.autograd.grad((rows * weight).sum(), (q, k))

@@ -23,9 +23,8 @@ import torch.nn.functional as F
 import triton
 from triton.testing import do_bench
 
-from bench_attention_kl import eager_attention_kl
-
 from cl_streamkl import attention_kl, attention_kl_reference
+from cl_streamkl.kernels import eager_attention_kl
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 LENGTHS = (1, 17, 197, 577, 1024, 1025, 4096)

@@ -6,7 +6,7 @@ labels at image sizes 224, 512 and 1024 (197, 1025 and 4097 tokens). Every step 
 * ``none``   — (a) cross-entropy only, no distillation.
 * ``eager``  — (b) cross-entropy + the attention-KL penalty over all 12 blocks computed the
   usual way: the distiller's own Q/K captures of student and frozen teacher, then both
-  attention maps materialised (``eager_attention_kl`` of ``bench_attention_kl.py``: fp32
+  attention maps materialised (``cl_streamkl.kernels.eager_attention_kl``: fp32
   log-softmax of each score matrix, ``F.kl_div``).
 * ``triton`` — (c) the same penalty from ``AttentionDistiller(backend="triton")``.
 * ``torch``  — (d) the same penalty from ``AttentionDistiller(backend="torch")``.
@@ -68,10 +68,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bench_attention_kl import KL_IMPLEMENTATIONS, describe_environment, eager_attention_kl, free_memory
+from bench_attention_kl import KL_IMPLEMENTATIONS, describe_environment, free_memory
 from cl_streamkl import attention_kl_reference
 from cl_streamkl.capture import QKCapture
 from cl_streamkl.compiled_capture import TeacherQK
+from cl_streamkl.kernels import eager_attention_kl
 from cl_streamkl.strategies.distiller import AttentionDistiller, frozen_copy
 
 METHODS = ("none", "eager", "triton", "torch")

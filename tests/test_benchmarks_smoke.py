@@ -96,18 +96,10 @@ def test_check_problem_agrees_with_float64(causal):
 
 def test_check_fails_on_a_wrong_kl(monkeypatch):
     monkeypatch.setattr(
-        bench, "eager_attention_kl_rows", lambda q, k, qt, kt, causal: (q @ k.transpose(-2, -1)).float().sum(-1)
+        bench, "eager_attention_kl", lambda q, k, qt, kt, **_: (q @ k.transpose(-2, -1)).float().sum(-1)
     )
     (result,) = bench.check_problem(TINY, ["eager"], CPU)
     assert not result.passed and "FAIL" in bench.format_checks([result])
-
-
-def test_eager_causal_matches_reference_without_nan():
-    q, k, qt, kt = (torch.randn(1, 2, 33, 8) for _ in range(4))
-    expected = bench.attention_kl_reference(q, k, qt, kt, causal=True, reduction="none")
-    rows = bench.eager_attention_kl_rows(q, k, qt, kt, causal=True)
-    assert torch.isfinite(rows).all()
-    torch.testing.assert_close(rows.double(), expected, rtol=1e-4, atol=1e-6)
 
 
 def test_parse_shape_rejects_bad_text():
