@@ -13,8 +13,8 @@ init, bf16 autocast, AdamW, all 12 blocks distilled):
    kernel time per step (torch.profiler), the GPU's idle time (wall − kernels) and the
    kernel time by category. Methods are ``e2e_distillation``'s (``none``, ``teacher``,
    ``triton``, ...) plus ``capture`` (the student's Q/K capture alone, zero penalty) and
-   ``capture-full`` (the same with every forward watched in full: the graph reads of
-   :mod:`cl_streamkl.graph_capture` disabled). ``--gaps`` also lists, per method, the
+   ``capture-full`` (the same with every forward watched in full:
+   ``cl_streamkl.capture.graph_reads_disabled``). ``--gaps`` also lists, per method, the
    host operation running in the middle of each GPU idle gap over 50 µs.
 
 Examples::
@@ -33,7 +33,8 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -41,8 +42,7 @@ from torch import nn
 
 import e2e_distillation as e2e
 from bench_attention_kl import describe_environment, free_memory
-from cl_streamkl import capture as capture_module
-from cl_streamkl.graph_capture import GraphReadRegistry
+from cl_streamkl.capture import QKCapture, graph_reads_disabled
 from cl_streamkl.strategies.distiller import AttentionDistiller, frozen_copy
 
 CAPTURE_METHODS = ("capture", "capture-full")
@@ -81,9 +81,10 @@ class CaptureOnlyDistiller(AttentionDistiller):
 class FullWatchDistiller(CaptureOnlyDistiller):
     """``capture-full``: as ``capture``, but every forward is watched with the TorchFunctionMode."""
 
-    def student_capture(self, model: nn.Module):
-        capture_module._GRAPH_READS = GraphReadRegistry()
-        return super().student_capture(model)
+    @contextmanager
+    def student_capture(self, model: nn.Module) -> Iterator[QKCapture]:
+        with graph_reads_disabled(), super().student_capture(model) as capture:
+            yield capture
 
 
 def category(kernel_name: str) -> str:

@@ -34,7 +34,8 @@ Example:
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Protocol, Union
 
 import torch
@@ -51,6 +52,7 @@ __all__ = [
     "RecordQK",
     "attention_product_extractor",
     "find_attention_modules",
+    "graph_reads_disabled",
     "qk_extractor_for",
     "register_qk_extractor",
     "resolve_layer_indices",
@@ -79,6 +81,19 @@ _EXTRACTORS: dict[type, QKExtractor] = {}
 # Modules whose full watch matched a read of the autograd graph: their later forwards
 # under the same requires_grad settings skip the (host-expensive) TorchFunctionMode.
 _GRAPH_READS = GraphReadRegistry()
+_graph_reads_enabled = True
+
+
+@contextmanager
+def graph_reads_disabled() -> Iterator[None]:
+    """Inside it, every capture watches forwards in full; graph reads are neither used nor learned."""
+    global _graph_reads_enabled
+    previous, _graph_reads_enabled = _graph_reads_enabled, False
+    try:
+        yield
+    finally:
+        _graph_reads_enabled = previous
+
 
 _MUL_FUNCS = frozenset({torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__rmul__, torch.mul})
 _MATMUL_FUNCS = frozenset({torch.Tensor.matmul, torch.Tensor.__matmul__, torch.matmul})
@@ -295,7 +310,7 @@ def attention_product_extractor(module: nn.Module, record: RecordQK) -> list[_Re
     def before(_module: nn.Module, args: tuple, kwargs: dict) -> None:
         inputs = (*args, *kwargs.values())
         signature = grad_signature(parameters, inputs)
-        from_graph = _GRAPH_READS.allows(module, signature)
+        from_graph = _graph_reads_enabled and _GRAPH_READS.allows(module, signature)
         pending.update(inputs=inputs, signature=signature, from_graph=from_graph)
         if not from_graph:
             watcher.start()
@@ -310,7 +325,9 @@ def attention_product_extractor(module: nn.Module, record: RecordQK) -> list[_Re
         if output is None:
             return
         if not from_graph:
-            _GRAPH_READS.verify(module, signature, watcher.finish(), output, inputs)
+            watched = watcher.finish()
+            if _graph_reads_enabled:
+                _GRAPH_READS.verify(module, signature, watched, output, inputs)
             return
         product = product_from_graph(output, inputs)
         if product is None:

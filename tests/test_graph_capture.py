@@ -12,7 +12,7 @@ from torch import nn
 
 from cl_streamkl import capture as capture_module
 from cl_streamkl import graph_capture as graph_capture_module
-from cl_streamkl.capture import QKCapture
+from cl_streamkl.capture import QKCapture, graph_reads_disabled
 from cl_streamkl.graph_capture import GraphReadRegistry, product_from_graph
 
 DEPTH = 3
@@ -71,6 +71,21 @@ def test_later_training_forwards_are_read_from_the_graph(arch: str, full_watches
     assert_same_values(first, second)
     for q, k in second.qk:
         assert q.grad_fn is not None and k.grad_fn is not None
+
+
+def test_graph_reads_disabled_neither_uses_nor_learns_reads(full_watches: list[nn.Module]) -> None:
+    model, x = tiny_model(), torch.randn(2, 3, 32, 32)
+    with graph_reads_disabled():
+        first, second = captured(model, x), captured(model, x)
+    assert len(full_watches) == 2 * DEPTH
+    assert_same_values(first, second)
+    captured(model, x)
+    assert len(full_watches) == 3 * DEPTH, "nothing was learned inside"
+    captured(model, x)
+    assert len(full_watches) == 3 * DEPTH
+    with graph_reads_disabled():
+        captured(model, x)
+    assert len(full_watches) == 4 * DEPTH, "what was learned outside is not used inside"
 
 
 def test_graph_read_qk_carry_the_same_gradients() -> None:
