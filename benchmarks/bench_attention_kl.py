@@ -1,4 +1,4 @@
-"""Speed and memory of StreamKL against eager PyTorch, torch.compile and SDPA (issue 5).
+"""Speed and memory of StreamKL against eager PyTorch, torch.compile and SDPA.
 
 Implementations, all timed on the same inputs in one process:
 
@@ -6,7 +6,7 @@ Implementations, all timed on the same inputs in one process:
 * ``torch``    — ``attention_kl(..., backend="torch")``, the PyTorch streaming backend.
 * ``eager``    — the usual distillation code: both score matrices materialised, fp32
   ``log_softmax`` of each, ``F.kl_div(log_p_student, log_p_teacher, log_target=True)``
-  summed over keys and averaged over rows (:func:`eager_attention_kl`).
+  summed over keys and averaged over rows (``cl_streamkl.kernels.eager_attention_kl``).
 * ``compiled`` — ``torch.compile(eager_attention_kl, dynamic=False)``, recompiled for every
   problem (``torch._dynamo.reset()``) so each shape gets its own static graph.
 * ``sdpa``     — ``F.scaled_dot_product_attention`` at the same (B, H, N, D), the speed of
@@ -46,8 +46,8 @@ Peak extra memory (CUDA only): ``torch.cuda.max_memory_allocated`` during the ro
 minus ``memory_allocated`` just before it, minus what the work legitimately leaves behind:
 the forward's output (fwd, fwd+bwd) and the input gradients (bwd, fwd+bwd). Inputs exist
 before the baseline is taken. For ``bwd`` the baseline already holds the forward's saved
-tensors, so the column is the backward's own workspace; ``fwd+bwd`` is the figure the
-issue's 16 bytes per (batch, head, query row) target refers to (column ``B/row``).
+tensors, so the column is the backward's own workspace. ``fwd+bwd`` per (batch, head,
+query row) is column ``B/row``, to compare with StreamKL's target of 16 bytes per row.
 
 Before timing, every problem is checked: the selected KL implementations against the
 float64 reference on a problem of the same length (up to 16384), head dim and dtype with
@@ -62,24 +62,18 @@ Triton kernels, autotuning per (length bucket, head dim, dtype, causal). Both ca
 on disk, so a second run on the same machine is much faster. Results are printed and the
 ``--json`` file rewritten after every problem, so a run cut short keeps what it measured.
 
-Examples::
+Examples (from the repository root, with the package installed: ``pip install -e .``)::
 
-    PYTHONPATH=. python benchmarks/bench_attention_kl.py --json bench.json
-    PYTHONPATH=. python benchmarks/bench_attention_kl.py --quick
-    PYTHONPATH=. python benchmarks/bench_attention_kl.py --shapes 4x12x4096x64 --modes fwd --impls triton sdpa
-    TRITON_INTERPRET=1 PYTHONPATH=. python benchmarks/bench_attention_kl.py --device cpu \\
+    python benchmarks/bench_attention_kl.py --json bench.json
+    python benchmarks/bench_attention_kl.py --quick
+    python benchmarks/bench_attention_kl.py --shapes 4x12x4096x64 --modes fwd --impls triton sdpa
+    TRITON_INTERPRET=1 python benchmarks/bench_attention_kl.py --device cpu \\
         --shapes 1x2x64x32 --fp32-shapes --causal-shapes
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
-import json
-import math
-import platform
-import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -88,20 +82,17 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-import triton
-import triton.testing
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.profiler import ProfilerActivity, profile
 
+from _harness.measure import PeakMemory, free_memory, gpu_kernel_times_us, median_ms, relative_error, sync
+from _harness.options import DTYPES, KL_IMPLEMENTATIONS, Shape, add_run_flags, checked_device, parse_shape, shape_label
+from _harness.report import aligned, cell, describe_environment, environment_line, header_line, run_settings, write_json
 from cl_streamkl import attention_kl, attention_kl_reference
-
-Shape = tuple[int, int, int, int]
+from cl_streamkl.kernels import eager_attention_kl
+from cl_streamkl.kernels.triton import INTERPRETING, KERNEL_LAUNCHERS
 
 IMPLEMENTATIONS = ("triton", "torch", "eager", "compiled", "sdpa")
-# The implementations that call attention_kl; each name is the backend it passes.
-KL_IMPLEMENTATIONS = ("triton", "torch")
 MODES = ("fwd", "bwd", "fwd+bwd")
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 DEFAULT_SHAPES: tuple[Shape, ...] = (
     (8, 12, 1024, 64),
@@ -130,7 +121,6 @@ CHECK_ONE_HEAD_FROM_SEQ = 2049
 # Loose sanity bounds for the pre-timing check: a kernel bug gives O(1) errors, while
 # bfloat16 rounding of the scores (eager) or of dQ/dK (every implementation) stays near 1e-2.
 CHECK_BOUNDS = {torch.float32: 1e-3, torch.float16: 2e-2, torch.bfloat16: 5e-2}
-CPU_TIMING_REPEATS = 3
 
 KL_FLOP_PRODUCTS = {"fwd": 2, "bwd": 4, "fwd+bwd": 6}
 SDPA_FLOP_PRODUCTS = {"fwd": 2, "bwd": 5, "fwd+bwd": 7}
@@ -153,7 +143,7 @@ class Problem:
 
     @property
     def label(self) -> str:
-        return "x".join(str(size) for size in self.shape)
+        return shape_label(self.shape)
 
     @property
     def dtype_name(self) -> str:
@@ -236,93 +226,6 @@ class Workload:
         return sum(t.grad.nbytes for t in self.leaves if t.grad is not None)
 
 
-def eager_attention_kl_rows(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    q_teacher: torch.Tensor,
-    k_teacher: torch.Tensor,
-    causal: bool = False,
-    *,
-    scale: float | None = None,
-    teacher_scale: float | None = None,
-) -> torch.Tensor:
-    """Per-row KL(P_teacher ‖ P_student), the usual materialising way.
-
-    Args:
-        q, k: student queries and keys, (B, H, N, Ds).
-        q_teacher, k_teacher: teacher queries and keys, (B, H, N, Dt).
-        causal: mask key j > query i.
-        scale, teacher_scale: softmax scales, default Ds**-0.5 and Dt**-0.5.
-
-    Returns:
-        (B, H, N) float32. Both (B, H, N, N) score matrices exist in the input dtype and
-        again in float32, as in typical distillation code.
-    """
-    scale = q.size(-1) ** -0.5 if scale is None else scale
-    teacher_scale = q_teacher.size(-1) ** -0.5 if teacher_scale is None else teacher_scale
-    student = (q @ k.transpose(-2, -1)).float() * scale
-    teacher = (q_teacher @ k_teacher.transpose(-2, -1)).float() * teacher_scale
-    if causal:
-        n = q.size(2)
-        future = torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1)
-        # The dtype's minimum rather than −inf: exp gives 0 and the log-ratio of two masked
-        # entries stays finite, so kl_div sees no 0·(−inf − −inf).
-        lowest = torch.finfo(torch.float32).min
-        student = student.masked_fill(future, lowest)
-        teacher = teacher.masked_fill(future, lowest)
-    log_p_student = student.log_softmax(dim=-1)
-    log_p_teacher = teacher.log_softmax(dim=-1)
-    per_entry = F.kl_div(log_p_student, log_p_teacher, reduction="none", log_target=True)
-    return per_entry.sum(dim=-1)
-
-
-def eager_attention_kl(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    q_teacher: torch.Tensor,
-    k_teacher: torch.Tensor,
-    causal: bool = False,
-    *,
-    scale: float | None = None,
-    teacher_scale: float | None = None,
-) -> torch.Tensor:
-    """Mean over (B, H, N) rows of :func:`eager_attention_kl_rows`: a float32 scalar loss."""
-    rows = eager_attention_kl_rows(q, k, q_teacher, k_teacher, causal, scale=scale, teacher_scale=teacher_scale)
-    return rows.mean()
-
-
-def parse_shape(text: str) -> Shape:
-    """Parse ``"BxHxNxD"`` (e.g. ``8x12x1024x64``) into four positive ints."""
-    parts = text.lower().split("x")
-    try:
-        sizes = tuple(int(part) for part in parts)
-    except ValueError:
-        sizes = ()
-    if len(sizes) != 4 or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(
-            f"shape must be BxHxNxD with four positive integers, e.g. 8x12x1024x64; got {text!r}"
-        )
-    return sizes  # type: ignore[return-value]
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def free_memory(device: torch.device, collect: bool = True) -> None:
-    """Return cached blocks so one row's leftovers cannot push the next into OOM.
-
-    ``collect`` also runs the garbage collector (for tensors kept alive by reference
-    cycles, e.g. after an OOM); it costs a few tenths of a second with torch, triton and
-    timm loaded, so callers skip it when nothing failed.
-    """
-    if collect:
-        gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
 def make_inputs(problem: Problem, device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:
     """Random student/teacher q, k, SDPA's v and upstream gradient, all (B, H, N, D)."""
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -376,7 +279,7 @@ def make_workload(impl: str, problem: Problem, inputs: dict[str, torch.Tensor]) 
     if impl == "eager":
         return Workload(
             leaves=[q, k],
-            forward=lambda: eager_attention_kl(q, k, q_teacher, k_teacher, causal),
+            forward=lambda: eager_attention_kl(q, k, q_teacher, k_teacher, causal=causal),
             backward=_backward_scalar,
         )
     if impl == "compiled":
@@ -386,7 +289,7 @@ def make_workload(impl: str, problem: Problem, inputs: dict[str, torch.Tensor]) 
         compiled = torch.compile(eager_attention_kl, dynamic=False)
         return Workload(
             leaves=[q, k],
-            forward=lambda: compiled(q, k, q_teacher, k_teacher, causal),
+            forward=lambda: compiled(q, k, q_teacher, k_teacher, causal=causal),
             backward=_backward_scalar,
         )
     if impl == "sdpa":
@@ -409,70 +312,24 @@ def make_workload(impl: str, problem: Problem, inputs: dict[str, torch.Tensor]) 
     raise ValueError(f"impl must be one of {IMPLEMENTATIONS}, got {impl!r}")
 
 
-def time_ms(
-    fn: Callable[[], object],
-    leaves: Sequence[torch.Tensor],
-    device: torch.device,
-    warmup_ms: float,
-    rep_ms: float,
-) -> float:
-    """Median milliseconds of ``fn()``; gradients of ``leaves`` are set to None before each call.
-
-    CUDA uses ``triton.testing.do_bench``; other devices (the CPU smoke test) a few
-    wall-clock calls.
-    """
-    if device.type == "cuda":
-        return triton.testing.do_bench(
-            fn, warmup=warmup_ms, rep=rep_ms, grad_to_none=list(leaves), return_mode="median"
-        )
-    times = []
-    for _ in range(CPU_TIMING_REPEATS):
-        for tensor in leaves:
-            tensor.grad = None
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
-
-
-def gpu_kernel_times_us(fn: Callable[[], object], iterations: int = 10) -> dict[str, float]:
-    """Mean device time per call of each kernel ``fn`` launches (torch.profiler, CUDA)."""
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(iterations):
-            fn()
-        torch.cuda.synchronize()
-    totals: dict[str, float] = {}
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            name = event.name[:60]
-            totals[name] = totals.get(name, 0.0) + event.device_time / iterations
-    return totals
-
-
 def _peak_extra_bytes(workload: Workload, mode: str, device: torch.device) -> int | None:
     """Peak memory of one call of ``mode`` beyond its inputs, outputs and gradients (CUDA only)."""
     if device.type != "cuda":
         return None
     workload.clear_grads()
     output = workload.forward() if mode == "bwd" else None
-    _sync(device)
-    baseline = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
     kept = 0
-    if mode == "bwd":
-        workload.backward(output, False)
-    else:
-        output = workload.forward()
-        kept += output.nbytes
-        if mode == "fwd+bwd":
+    with PeakMemory(device) as memory:
+        if mode == "bwd":
             workload.backward(output, False)
-    _sync(device)
-    peak = torch.cuda.max_memory_allocated(device)
+        else:
+            output = workload.forward()
+            kept += output.nbytes
+            if mode == "fwd+bwd":
+                workload.backward(output, False)
     kept += workload.grad_bytes()
     workload.clear_grads()
-    return peak - baseline - kept
+    return memory.extra_bytes - kept
 
 
 def measure_row(
@@ -511,9 +368,9 @@ def measure_row(
             workload.backward(workload.forward(), False)
 
     step()
-    _sync(device)
+    sync(device)
     first_call_s = time.perf_counter() - start
-    ms = time_ms(step, workload.leaves, device, warmup_ms, rep_ms)
+    ms = median_ms(step, device, warmup_ms=warmup_ms, rep_ms=rep_ms, grad_to_none=workload.leaves)
     gpu_ms = None
     if gpu_time and device.type == "cuda":
         gpu_ms = sum(gpu_kernel_times_us(step).values()) / 1e3
@@ -541,19 +398,8 @@ def measure_row(
 
 def oom_row(impl: str, problem: Problem, mode: str, backend: str = "") -> Row:
     """The row recorded when ``impl`` ran out of memory on ``problem`` in ``mode``."""
-    return Row(
-        impl=impl,
-        mode=mode,
-        shape=problem.label,
-        dtype=problem.dtype_name,
-        causal=problem.causal,
-        ms=None,
-        tflops=None,
-        extra_mib=None,
-        extra_bytes_per_row=None,
-        first_call_s=None,
-        backend=backend,
-    )
+    return Row(impl, mode, problem.label, problem.dtype_name, problem.causal,
+               ms=None, tflops=None, extra_mib=None, extra_bytes_per_row=None, first_call_s=None, backend=backend)
 
 
 def add_ratios(rows: list[Row]) -> None:
@@ -571,12 +417,6 @@ def add_ratios(rows: list[Row]) -> None:
         compiled_gpu = gpu_times.get(("compiled", row.mode))
         if row.gpu_ms and compiled_gpu:
             row.gpu_speedup_vs_compiled = compiled_gpu / row.gpu_ms
-
-
-def _relative_rms(value: torch.Tensor, reference: torch.Tensor) -> float:
-    """‖value − reference‖ / ‖reference‖ in float64; NaN if ``value`` is not finite."""
-    value, reference = value.detach().double(), reference.detach().double()
-    return float((value - reference).norm() / reference.norm().clamp_min(1e-300))
 
 
 def checked_problem(problem: Problem) -> Problem:
@@ -606,7 +446,7 @@ def check_problem(problem: Problem, impls: Sequence[str], device: torch.device) 
         if impl in KL_IMPLEMENTATIONS:
             rows = attention_kl(q, k, q_teacher, k_teacher, causal=problem.causal, reduction="none", backend=impl)
         elif impl == "eager":
-            rows = eager_attention_kl_rows(q, k, q_teacher, k_teacher, problem.causal)
+            rows = eager_attention_kl(q, k, q_teacher, k_teacher, causal=problem.causal, reduction="none")
         else:
             continue
         dq, dk = torch.autograd.grad((rows * weight).sum(), (q, k))
@@ -617,9 +457,9 @@ def check_problem(problem: Problem, impls: Sequence[str], device: torch.device) 
                 dtype=problem.dtype_name,
                 causal=problem.causal,
                 checked_shape=checked.label,
-                kl=_relative_rms(rows, reference_rows),
-                dq=_relative_rms(dq, reference_dq),
-                dk=_relative_rms(dk, reference_dk),
+                kl=relative_error(rows, reference_rows),
+                dq=relative_error(dq, reference_dq),
+                dk=relative_error(dk, reference_dk),
                 bound=CHECK_BOUNDS[problem.dtype],
             )
         )
@@ -673,13 +513,9 @@ COLUMNS = (
 )
 
 
-def _cell(value: float | None, spec: str) -> str:
-    return "-" if value is None or not math.isfinite(value) else format(value, spec)
-
-
 def format_table_header() -> str:
     """Column titles aligned like :func:`format_row`."""
-    return "  ".join(title.rjust(width) for title, width in COLUMNS)
+    return header_line(COLUMNS)
 
 
 def format_row(row: Row) -> str:
@@ -689,19 +525,19 @@ def format_row(row: Row) -> str:
         measured = ["OOM"] + ["-"] * 9
     else:
         measured = [
-            _cell(row.ms, ".3f"),
-            _cell(row.tflops, ".1f"),
-            _cell(row.extra_mib, ".1f"),
-            _cell(row.extra_bytes_per_row, ".1f"),
-            _cell(row.ratio_to_sdpa, ".2f"),
-            _cell(row.speedup_vs_eager, ".2f"),
-            _cell(row.speedup_vs_compiled, ".2f"),
-            _cell(row.first_call_s, ".1f"),
-            _cell(row.gpu_ms, ".3f"),
-            _cell(row.gpu_speedup_vs_compiled, ".2f"),
+            cell(row.ms, ".3f"),
+            cell(row.tflops, ".1f"),
+            cell(row.extra_mib, ".1f"),
+            cell(row.extra_bytes_per_row, ".1f"),
+            cell(row.ratio_to_sdpa, ".2f"),
+            cell(row.speedup_vs_eager, ".2f"),
+            cell(row.speedup_vs_compiled, ".2f"),
+            cell(row.first_call_s, ".1f"),
+            cell(row.gpu_ms, ".3f"),
+            cell(row.gpu_speedup_vs_compiled, ".2f"),
         ]
     cells = [impl, row.mode, row.shape, row.dtype, "yes" if row.causal else "no", *measured]
-    return "  ".join(cell.rjust(width) for cell, (_, width) in zip(cells, COLUMNS))
+    return aligned(cells, COLUMNS)
 
 
 def format_checks(results: Sequence[CheckResult]) -> str:
@@ -716,38 +552,6 @@ def format_checks(results: Sequence[CheckResult]) -> str:
         f"check {first.shape} {first.dtype}{causal} on {first.checked_shape} "
         f"(rel. RMS vs float64, bound {first.bound:.0e}): " + " | ".join(parts)
     )
-
-
-def git_commit() -> str:
-    """Short commit hash of the repository holding this script, ``+dirty`` if edited; else "unknown"."""
-    repo = Path(__file__).resolve().parent.parent
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=repo, capture_output=True, text=True, check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return commit + ("+dirty" if dirty else "")
-
-
-def describe_environment(device: torch.device, commit: str | None) -> dict[str, str]:
-    """Device name and library versions for the header line and the JSON file."""
-    if device.type == "cuda":
-        properties = torch.cuda.get_device_properties(device)
-        name = f"{properties.name} ({properties.total_memory / 2**30:.0f} GiB)"
-    else:
-        name = f"{device.type} ({platform.processor() or platform.machine()})"
-    return {
-        "device": name,
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "python": platform.python_version(),
-        "commit": commit or git_commit(),
-    }
 
 
 def build_problems(
@@ -776,7 +580,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--shapes", nargs="*", type=parse_shape, default=None, metavar="BxHxNxD",
-        help="shapes run at every --dtypes (default: the nine shapes of issue 5)",
+        help="shapes run at every --dtypes (default: " + " ".join(map(shape_label, DEFAULT_SHAPES)) + ")",
     )
     parser.add_argument(
         "--dtypes", nargs="+", choices=sorted(DTYPES), default=["bf16"], help="default: bf16"
@@ -798,26 +602,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--quick", action="store_true",
         help="defaults become 2x12x4096x64 and 32x12x197x64 in bf16, no extras (1-2 minutes)",
     )
-    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu for a smoke run")
     parser.add_argument("--warmup-ms", type=float, default=25.0, help="do_bench warmup (default 25)")
     parser.add_argument("--rep-ms", type=float, default=100.0, help="do_bench repetition time (default 100)")
     parser.add_argument(
         "--gpu-time", action="store_true",
         help="also measure each row's summed kernel time with torch.profiler (CUDA)",
     )
-    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write results here")
-    parser.add_argument(
-        "--commit", default=None, help="commit to print when the tree has no .git (default: git rev-parse)"
-    )
+    add_run_flags(parser)
     args = parser.parse_args(argv)
-    args.device = torch.device(args.device)
-    if args.device.type == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda but CUDA is not available; use --device cpu for a smoke run")
-    if args.device.type == "cpu" and "triton" in args.impls:
-        from cl_streamkl.kernels.triton import INTERPRETING
-
-        if not INTERPRETING:
-            parser.error("--impls triton on --device cpu needs TRITON_INTERPRET=1 in the environment")
+    args.device = checked_device(parser, args.device)
+    if args.device.type == "cpu" and "triton" in args.impls and not INTERPRETING:
+        parser.error("--impls triton on --device cpu needs TRITON_INTERPRET=1 in the environment")
     if args.warmup_ms <= 0 or args.rep_ms <= 0:
         parser.error("--warmup-ms and --rep-ms must be > 0")
     if args.shapes is None:
@@ -832,23 +627,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def _write_json(
     path: Path, environment: dict, args: argparse.Namespace, checks: list, rows: list, elapsed: float
 ) -> None:
-    settings = {
-        key: str(value) if isinstance(value, (Path, torch.device)) else value for key, value in vars(args).items()
-    }
-    payload = {
+    write_json(path, {
         "environment": environment,
-        "settings": settings,
+        "settings": run_settings(args),
         "checks": [asdict(check) for check in checks],
         "rows": [asdict(row) for row in rows],
         "elapsed_s": elapsed,
-    }
-    path.write_text(json.dumps(payload, indent=1))
+    })
 
 
 def autotuned_tiles() -> list[str]:
     """One line per tuning key the StreamKL kernels were autotuned for in this process."""
-    from cl_streamkl.kernels.triton import KERNEL_LAUNCHERS
-
     lines = []
     for name, launcher in KERNEL_LAUNCHERS.items():
         for key, config in getattr(launcher.kernel, "cache", {}).items():
@@ -865,7 +654,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.shapes, [DTYPES[name] for name in args.dtypes], args.fp32_shapes, args.causal_shapes, args.causal
     )
     environment = describe_environment(device, args.commit)
-    print(" | ".join(f"{key} {value}" for key, value in environment.items()), flush=True)
+    print(environment_line(environment), flush=True)
     print(format_table_header(), flush=True)
     checks: list[CheckResult] = []
     rows: list[Row] = []

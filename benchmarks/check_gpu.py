@@ -8,36 +8,26 @@ Checks, on CUDA, against the float64 materialising reference:
   * torch.compile(fullgraph=True) through the registered custom ops.
 Then times (1, 12, 8192, 64) bf16 fwd and fwd+bwd beside SDPA and eager PyTorch.
 
-Usage: python benchmarks/check_gpu.py [--skip-timing] [--skip-checks]
+Usage (from the repository root, with the package installed: ``pip install -e .``):
+python benchmarks/check_gpu.py [--skip-timing] [--skip-checks]
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import subprocess
 import sys
 
 import torch
 import torch.nn.functional as F
-import triton
-from triton.testing import do_bench
 
-from bench_attention_kl import eager_attention_kl
-
+from _harness.measure import median_ms, relative_error
+from _harness.options import DTYPES
+from _harness.report import describe_environment, environment_line
 from cl_streamkl import attention_kl, attention_kl_reference
+from cl_streamkl.kernels import eager_attention_kl
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 LENGTHS = (1, 17, 197, 577, 1024, 1025, 4096)
-
-
-def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """‖out − ref‖ / ‖ref‖; the absolute error where ref is exactly zero (N = 1: KL and grads are 0)."""
-    out, ref = out.double(), ref.double()
-    if not torch.isfinite(out).all():
-        return float("nan")
-    scale = ref.norm()
-    return ((out - ref).norm() / (scale if scale > 0 else 1.0)).item()
 
 
 def check_case(batch, heads, n, dim, dtype, causal=False, teacher_grad=False) -> dict:
@@ -53,8 +43,8 @@ def check_case(batch, heads, n, dim, dtype, causal=False, teacher_grad=False) ->
     ref_grads = torch.autograd.grad((ref * upstream).sum(), inputs)
     grads = torch.autograd.grad((out * upstream.float()).sum(), inputs)
     return {
-        "fwd": rel_err(out, ref),
-        "grads": max(rel_err(g, r) for g, r in zip(grads, ref_grads)),
+        "fwd": relative_error(out, ref),
+        "grads": max(relative_error(g, r) for g, r in zip(grads, ref_grads)),
     }
 
 
@@ -76,8 +66,8 @@ def check_strided_timm_views() -> dict:
     grads = torch.autograd.grad((out * upstream.float()).sum(), inputs)
     ref_grads = torch.autograd.grad((ref * upstream).sum(), inputs)
     laid_out_like_inputs = all(grad.stride() == torch.empty_like(x).stride() for grad, x in zip(grads, inputs))
-    grad_err = max(rel_err(g, r) for g, r in zip(grads, ref_grads))
-    return {"fwd": rel_err(out, ref), "grads": grad_err if laid_out_like_inputs else float("inf")}
+    grad_err = max(relative_error(g, r) for g, r in zip(grads, ref_grads))
+    return {"fwd": relative_error(out, ref), "grads": grad_err if laid_out_like_inputs else float("inf")}
 
 
 def check_int64_offsets() -> float:
@@ -98,7 +88,7 @@ def check_int64_offsets() -> float:
     out = attention_kl(q, k, q_t, k_t, reduction="none", backend="triton")
     copied = attention_kl(q.contiguous(), k, q_t, k_t, reduction="none", backend="torch")
     del storage
-    return rel_err(out, copied)
+    return relative_error(out, copied)
 
 
 def check_compile() -> float:
@@ -115,7 +105,7 @@ def check_compile() -> float:
     grad = torch.autograd.grad(value, q)[0]
     eager_value = loss(q, k, q_t, k_t)
     eager_grad = torch.autograd.grad(eager_value, q)[0]
-    return max(rel_err(value, eager_value), rel_err(grad, eager_grad))
+    return max(relative_error(value, eager_value), relative_error(grad, eager_grad))
 
 
 def time_first_table() -> list[tuple[str, str, float]]:
@@ -142,7 +132,7 @@ def time_first_table() -> list[tuple[str, str, float]]:
         for mode, runner in (("fwd", fn), ("fwd+bwd", fwd_bwd(fn))):
             try:
                 with torch.no_grad() if mode == "fwd" else torch.enable_grad():
-                    ms = do_bench(runner, warmup=100, rep=300, return_mode="median")
+                    ms = median_ms(runner, torch.device("cuda"), warmup_ms=100, rep_ms=300)
             except torch.OutOfMemoryError:
                 ms = float("nan")
             rows.append((name, mode, ms))
@@ -163,10 +153,7 @@ def main() -> None:
         "--commit", default=None, help="commit to print (default: git rev-parse HEAD, which a copied tree may lack)"
     )
     args = parser.parse_args()
-    commit = args.commit or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    print(f"# {torch.cuda.get_device_name()} torch {torch.__version__} triton {triton.__version__} commit {commit or '?'}")
+    print("# " + environment_line(describe_environment(torch.device("cuda"), args.commit)))
     torch.manual_seed(0)
     failures = 0 if args.skip_checks else run_checks(args.lengths, args.dtypes, not args.skip_extras)
     if not args.skip_timing:

@@ -1,4 +1,4 @@
-"""Attention distillation on real ViT training steps: step time, memory, largest batch (issue 6).
+"""Attention distillation on real ViT training steps: step time, memory, largest batch.
 
 A timm ViT-B/16 (random init) trains with AdamW under bf16 autocast on random images and
 labels at image sizes 224, 512 and 1024 (197, 1025 and 4097 tokens). Every step is one of:
@@ -6,7 +6,7 @@ labels at image sizes 224, 512 and 1024 (197, 1025 and 4097 tokens). Every step 
 * ``none``   — (a) cross-entropy only, no distillation.
 * ``eager``  — (b) cross-entropy + the attention-KL penalty over all 12 blocks computed the
   usual way: the distiller's own Q/K captures of student and frozen teacher, then both
-  attention maps materialised (``eager_attention_kl`` of ``bench_attention_kl.py``: fp32
+  attention maps materialised (``cl_streamkl.kernels.eager_attention_kl``: fp32
   log-softmax of each score matrix, ``F.kl_div``).
 * ``triton`` — (c) the same penalty from ``AttentionDistiller(backend="triton")``.
 * ``torch``  — (d) the same penalty from ``AttentionDistiller(backend="torch")``.
@@ -46,15 +46,14 @@ Out-of-memory is a result (``OOM``), never a crash.
 
 Examples::
 
-    PYTHONPATH=. python benchmarks/e2e_distillation.py --json e2e.json --plot e2e.png
-    PYTHONPATH=. python benchmarks/e2e_distillation.py --device cpu --tiny --methods none eager torch
+    python benchmarks/e2e_distillation.py --json e2e.json --plot e2e.png
+    python benchmarks/e2e_distillation.py --device cpu --tiny --methods none eager torch
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
@@ -63,18 +62,27 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import timm
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from bench_attention_kl import KL_IMPLEMENTATIONS, describe_environment, eager_attention_kl, free_memory
-from cl_streamkl import attention_kl_reference
-from cl_streamkl.capture import QKCapture, TeacherQK
-from cl_streamkl.strategies import AttentionDistiller, frozen_copy
+from _harness.measure import free_memory, sync
+from _harness.options import add_compile_teacher_flag, add_run_flags, checked_device
+from _harness.options import compile_teacher_option, describe_teacher
+from _harness.report import aligned, cell, describe_environment, environment_line, header_line, run_settings, write_json
+from _harness.vit_training import (
+    DEFAULT_MODEL,
+    EXTRA_METHODS,
+    METHODS,
+    TINY_MODEL_KWARGS,
+    build_distiller,
+    build_model,
+    build_trainer,
+    random_batch,
+    time_steps,
+)
+from cl_streamkl import QKCapture, attention_kl_reference
+from cl_streamkl.strategies import frozen_copy
 
-METHODS = ("none", "eager", "triton", "torch")
-EXTRA_METHODS = ("teacher",)
 METHOD_LABELS = {
     "none": "(a) no distillation",
     "eager": "(b) eager, materialised",
@@ -83,9 +91,7 @@ METHOD_LABELS = {
     "teacher": "(t) teacher fwd, no KL",
 }
 PENALTY_METHODS = ("eager", "triton", "torch")
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
-DEFAULT_MODEL = "vit_base_patch16_224"
 DEFAULT_IMAGE_SIZES = (224, 512, 1024)
 DEFAULT_BATCHES = (64, 16, 4)
 # The batch search never goes past this many tokens per step, so a search cannot run away;
@@ -93,7 +99,6 @@ DEFAULT_BATCHES = (64, 16, 4)
 MAX_TOKENS_PER_STEP = 2**19
 SEARCH_PRECISION = 32
 
-TINY_MODEL_KWARGS = {"depth": 2, "embed_dim": 32, "num_heads": 2, "num_classes": 10}
 TINY_IMAGE_SIZES = (32, 48)
 TINY_BATCHES = (2, 2)
 TINY_MAX_BATCH = 8
@@ -138,201 +143,13 @@ class PenaltyCheck:
         return self.max_pairwise_rel <= self.rtol
 
 
-class EagerAttentionDistiller(AttentionDistiller):
-    """Method (b): :class:`AttentionDistiller` with the KL computed by materialising both maps.
-
-    Teacher snapshot, captures and the teacher's forward are the distiller's own; only
-    :func:`attention_kl` is swapped for the usual eager code.
-    """
-
-    def penalty(
-        self,
-        x: torch.Tensor,
-        student_qk: Sequence[tuple[torch.Tensor, torch.Tensor]],
-        *,
-        student_scales: Sequence[float] | None = None,
-        teacher: TeacherQK | None = None,
-    ) -> torch.Tensor:
-        """``alpha`` · mean over blocks of the row-mean KL(P_teacher ‖ P_student).
-
-        Args:
-            x: the images the student saw, (B, 3, S, S).
-            student_qk: per block (q, k), each (B, H, N, D), from :meth:`student_capture`.
-            student_scales: per block softmax scale (``capture.scales``); None: D**-0.5.
-            teacher: ``teacher_qk(x)`` if already run, else None (run here).
-        """
-        teacher_capture = self.teacher_qk(x) if teacher is None else teacher
-        scales = [None] * len(student_qk) if student_scales is None else student_scales
-        per_block = [
-            eager_attention_kl(q, k, q_teacher, k_teacher, scale=scale, teacher_scale=teacher_scale)
-            for (q, k), (q_teacher, k_teacher), scale, teacher_scale in zip(
-                student_qk, teacher_capture.qk, scales, teacher_capture.scales
-            )
-        ]
-        return self.alpha * torch.stack(per_block).mean()
-
-
-class TeacherOnlyDistiller(AttentionDistiller):
-    """(t): runs the teacher's captured forward like (c) but returns a zero penalty."""
-
-    def penalty(
-        self,
-        x: torch.Tensor,
-        student_qk: Sequence[tuple[torch.Tensor, torch.Tensor]],
-        *,
-        student_scales: Sequence[float] | None = None,
-        teacher: TeacherQK | None = None,
-    ) -> torch.Tensor:
-        """Zero (on ``x``'s device), after the teacher's forward on ``x`` unless ``teacher`` is given."""
-        if teacher is None:
-            self.teacher_qk(x)
-        return torch.zeros((), device=x.device)
-
-
-def compile_teacher_option(mode: str | None) -> bool | dict[str, str]:
-    """``AttentionDistiller``'s ``compile_teacher`` for a ``--compile-teacher`` value.
-
-    Args:
-        mode: None (eager teacher), ``"default"`` or another ``torch.compile`` mode.
-    """
-    if mode is None:
-        return False
-    return True if mode == "default" else {"mode": mode}
-
-
-def describe_teacher(compile_teacher: bool | Mapping[str, Any]) -> str:
-    """How the teacher runs, for the report: ``eager``, ``torch.compile`` or ``torch.compile mode=...``."""
-    if not compile_teacher:
-        return "eager"
-    if compile_teacher is True:
-        return "torch.compile"
-    return "torch.compile " + " ".join(f"{key}={value}" for key, value in compile_teacher.items())
-
-
-def build_distiller(
-    method: str, alpha: float, compile_teacher: bool | Mapping[str, Any] = False
-) -> AttentionDistiller | None:
-    """The penalty object of ``method`` (None for ``none``), teacher not yet taken.
-
-    ``compile_teacher`` (``AttentionDistiller``'s argument) gives every distilling method
-    the ``torch.compile``'d teacher.
-    """
-    if method == "none":
-        return None
-    if method == "eager":
-        return EagerAttentionDistiller(alpha=alpha, layers="all", compile_teacher=compile_teacher)
-    if method == "teacher":
-        return TeacherOnlyDistiller(alpha=alpha, layers="all", compile_teacher=compile_teacher)
-    if method in KL_IMPLEMENTATIONS:
-        return AttentionDistiller(
-            alpha=alpha, layers="all", temperature=1.0, backend=method, compile_teacher=compile_teacher
-        )
-    raise ValueError(f"method must be one of {METHODS + EXTRA_METHODS}, got {method!r}")
-
-
-@dataclass
-class Trainer:
-    """A student, its AdamW optimizer and the method's distiller (teacher = initial student)."""
-
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    distiller: AttentionDistiller | None
-    num_classes: int
-    device: torch.device
-
-    def step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """One training step on images (B, 3, S, S) and labels (B,); returns the detached loss."""
-        self.optimizer.zero_grad(set_to_none=True)
-        with torch.autocast(self.device.type, dtype=torch.bfloat16):
-            if self.distiller is None:
-                loss = F.cross_entropy(self.model(images), labels)
-            else:
-                # The plugin's order: teacher first, so its GPU work overlaps the student's forward.
-                teacher = self.distiller.teacher_qk(images)
-                with self.distiller.student_capture(self.model) as capture:
-                    logits = self.model(images)
-                penalty = self.distiller.penalty(images, capture.qk, student_scales=capture.scales, teacher=teacher)
-                # Leave the teacher's Q/K to the penalty's graph, whose backward runs first and
-                # frees them; a reference held through the whole backward keeps them alive (about
-                # 0.6 GB at 1025 tokens, batch 16) while the student's gradients are allocated.
-                del teacher
-                loss = F.cross_entropy(logits, labels) + penalty
-        loss.backward()
-        self.optimizer.step()
-        return loss.detach()
-
-
-def build_model(model_name: str, model_kwargs: dict, image_size: int, device: torch.device) -> nn.Module:
-    """A randomly initialised timm model for ``image_size`` px inputs, on ``device``."""
-    with device:
-        return timm.create_model(model_name, pretrained=False, img_size=image_size, **model_kwargs)
-
-
-def build_trainer(
-    method: str,
-    model_name: str,
-    model_kwargs: dict,
-    image_size: int,
-    alpha: float,
-    device: torch.device,
-    compile_teacher: bool | Mapping[str, Any] = False,
-) -> Trainer:
-    """Fresh student, AdamW (fused on CUDA) and the method's distiller with its teacher snapshot."""
-    torch.manual_seed(0)
-    model = build_model(model_name, model_kwargs, image_size, device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
-    distiller = build_distiller(method, alpha, compile_teacher)
-    if distiller is not None:
-        distiller.update_teacher(model)
-    return Trainer(model, optimizer, distiller, model.num_classes, device)
-
-
-def random_batch(
-    batch: int, image_size: int, num_classes: int, device: torch.device
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random images (batch, 3, S, S) and labels (batch,)."""
-    images = torch.randn(batch, 3, image_size, image_size, device=device)
-    labels = torch.randint(num_classes, (batch,), device=device)
-    return images, labels
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_steps(
-    trainer: Trainer, batch: int, image_size: int, warmup_steps: int, steps: int
-) -> tuple[float, float | None]:
-    """Median step time (ms) and peak device memory (GiB, CUDA only) at ``batch``.
-
-    Raises:
-        torch.OutOfMemoryError: the batch does not fit.
-    """
-    device = trainer.device
-    images, labels = random_batch(batch, image_size, trainer.num_classes, device)
-    for _ in range(warmup_steps):
-        trainer.step(images, labels)
-    _sync(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        trainer.step(images, labels)
-        _sync(device)
-        times.append(time.perf_counter() - start)
-    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
-    return statistics.median(times) * 1e3, peak
-
-
 def batch_fits(trainer: Trainer, batch: int, image_size: int, steps: int) -> bool:
     """Whether ``steps`` training steps at ``batch`` run without running out of memory."""
     try:
         images, labels = random_batch(batch, image_size, trainer.num_classes, trainer.device)
         for _ in range(steps):
             trainer.step(images, labels)
-        _sync(trainer.device)
+        sync(trainer.device)
     except torch.OutOfMemoryError:
         fits = False
     else:
@@ -497,7 +314,7 @@ COLUMNS = (
 def format_table(results: Sequence[Result]) -> str:
     """Aligned table; ``x (a)`` is step time over (a)'s, ``x (b)`` max batch over (b)'s."""
     lookup = {(r.image_size, r.method): r for r in results}
-    lines = ["  ".join(title.rjust(width) for title, width in COLUMNS)]
+    lines = [header_line(COLUMNS)]
     for r in results:
         plain, eager = lookup.get((r.image_size, "none")), lookup.get((r.image_size, "eager"))
         time_ratio = r.step_ms / plain.step_ms if r.step_ms and plain and plain.step_ms else None
@@ -512,17 +329,13 @@ def format_table(results: Sequence[Result]) -> str:
             METHOD_LABELS[r.method],
             str(r.batch),
             "OOM" if r.step_ms is None else f"{r.step_ms:.1f}",
-            _number(time_ratio, ".2f"),
-            _number(r.peak_gib, ".2f"),
+            cell(time_ratio, ".2f"),
+            cell(r.peak_gib, ".2f"),
             max_batch,
-            _number(batch_ratio, ".1f"),
+            cell(batch_ratio, ".1f"),
         ]
-        lines.append("  ".join(cell.rjust(width) for cell, (_, width) in zip(cells, COLUMNS)))
+        lines.append(aligned(cells, COLUMNS))
     return "\n".join(lines)
-
-
-def _number(value: float | None, spec: str) -> str:
-    return "-" if value is None or not math.isfinite(value) else format(value, spec)
 
 
 def plot_results(results: Sequence[Result], path: Path) -> None:
@@ -598,11 +411,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--tiny", action="store_true",
         help="smoke-test preset: depth 2, width 32, images 32 and 48 px, batch 2, max batch 8",
     )
-    parser.add_argument(
-        "--compile-teacher", nargs="?", const="default", default=None, choices=COMPILE_MODES, metavar="MODE",
-        help="run every distilling method's frozen teacher through torch.compile (CompiledQK), optionally "
-        f"in a torch.compile mode: {', '.join(COMPILE_MODES)} (default: default)",
-    )
+    add_compile_teacher_flag(parser)
     parser.add_argument("--alpha", type=float, default=1.0, help="penalty weight (default 1)")
     parser.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first (default 3)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps (default 10)")
@@ -618,16 +427,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-search", action="store_true", help="skip the largest-batch search")
     parser.add_argument("--check-batch", type=int, default=2, help="batch of the penalty check (default 2)")
     parser.add_argument("--check-rtol", type=float, default=1e-3, help="penalty agreement bound (default 1e-3)")
-    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu for a smoke run")
-    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write results here")
+    add_run_flags(parser)
     parser.add_argument("--plot", type=Path, default=None, metavar="PATH", help="write a PNG plot here")
-    parser.add_argument("--commit", default=None, help="commit to print when the tree has no .git")
     args = parser.parse_args(argv)
 
-    args.device = torch.device(args.device)
+    args.device = checked_device(parser, args.device, "--device cpu --tiny")
     args.compile_teacher = compile_teacher_option(args.compile_teacher)
-    if args.device.type == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda but CUDA is not available; use --device cpu --tiny for a smoke run")
     if args.image_sizes is None:
         args.image_sizes = list(TINY_IMAGE_SIZES if args.tiny else DEFAULT_IMAGE_SIZES)
     if args.batches is None:
@@ -661,17 +466,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def _write_json(path: Path, environment: dict, args: argparse.Namespace, checks, results, elapsed: float) -> None:
-    settings = {
-        key: str(value) if isinstance(value, (Path, torch.device)) else value for key, value in vars(args).items()
-    }
-    payload = {
+    write_json(path, {
         "environment": environment,
-        "settings": settings,
+        "settings": run_settings(args),
         "penalty_checks": [{**asdict(check), "passed": check.passed} for check in checks],
         "results": [asdict(result) for result in results],
         "elapsed_s": elapsed,
-    }
-    path.write_text(json.dumps(payload, indent=1))
+    })
 
 
 def time_method(args: argparse.Namespace, method: str, image_size: int, batch: int) -> Result:
@@ -729,7 +530,7 @@ def run_timings(args: argparse.Namespace, report: Callable[[], None]) -> list[Re
             if result.step_ms is None:
                 status = "OOM"
             else:
-                status = f"{result.step_ms:.1f} ms, peak {_number(result.peak_gib, '.2f')} GiB"
+                status = f"{result.step_ms:.1f} ms, peak {cell(result.peak_gib, '.2f')} GiB"
             print(f"timed {image_size}px {METHOD_LABELS[method]} batch {batch}: {status}", flush=True)
         report()
     return results
@@ -760,7 +561,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     start = time.perf_counter()
     environment = describe_environment(args.device, args.commit)
-    print(" | ".join(f"{key} {value}" for key, value in environment.items()), flush=True)
+    print(environment_line(environment), flush=True)
     print(f"teacher: {describe_teacher(args.compile_teacher)}", flush=True)
     checks: list[PenaltyCheck] = []
     results: list[Result] = []

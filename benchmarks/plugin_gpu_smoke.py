@@ -1,4 +1,4 @@
-"""GPU smoke run of the StreamKL plugin: a timm ViT at 1024 tokens under autocast (issue 3).
+"""GPU smoke run of the StreamKL plugin: a timm ViT at 1024 tokens under autocast.
 
 Two short training experiences on random images (classes 0-4, then 5-9):
 
@@ -18,21 +18,19 @@ sees the very tensors the plugin's capture sees) and the teacher's captured Q/K 
 penalty, the reference, the step time (reference check excluded) and the step's peak
 allocated memory. The exit code is 1 if any check fails.
 
-Examples::
+Examples (from the repository root, with the package installed: ``pip install -e .``)::
 
-    PYTHONPATH=. python benchmarks/plugin_gpu_smoke.py
-    PYTHONPATH=. python benchmarks/plugin_gpu_smoke.py --model eva02_small_patch14_224 --img-size 448 --patch-size 14
-    PYTHONPATH=. python benchmarks/plugin_gpu_smoke.py --no-avalanche --dtype fp16 --json smoke.json
-    PYTHONPATH=. python benchmarks/plugin_gpu_smoke.py --device cpu --img-size 32 --patch-size 8 \\
+    python benchmarks/plugin_gpu_smoke.py
+    python benchmarks/plugin_gpu_smoke.py --model eva02_small_patch14_224 --img-size 448 --patch-size 14
+    python benchmarks/plugin_gpu_smoke.py --no-avalanche --dtype fp16 --json smoke.json
+    python benchmarks/plugin_gpu_smoke.py --device cpu --img-size 32 --patch-size 8 \\
         --depth 2 --embed-dim 64 --heads 2 --batch 2 --iters 2 --backend torch   # CPU dry run
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -43,11 +41,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cl_streamkl import attention_kl_reference
-from cl_streamkl.capture import QKCapture
+from _harness.measure import PeakMemory
+from _harness.options import DTYPES
+from _harness.report import describe_environment, environment_line, write_json
+from cl_streamkl import QKCapture, attention_kl_reference
 from cl_streamkl.strategies import AttentionDistiller
 
-DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 NUM_CLASSES = 10
 
 
@@ -95,26 +94,11 @@ def parse_layers(text: str) -> str | int | list[int]:
     return int(text)
 
 
-def commit() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
-
-
 def header(args: argparse.Namespace, device: torch.device, mode: str) -> str:
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = "none"
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return (
-        f"# {gpu} | torch {torch.__version__} | triton {triton_version} | timm {timm.__version__} | "
-        f"commit {commit()} | mode {mode} | {args.model} img {args.img_size} patch {args.patch_size} "
-        f"batch {args.batch} autocast {args.dtype} backend {args.backend}"
+        f"# {environment_line(describe_environment(device))} | timm {timm.__version__} | mode {mode} | "
+        f"{args.model} img {args.img_size} patch {args.patch_size} batch {args.batch} autocast {args.dtype} "
+        f"backend {args.backend}"
     )
 
 
@@ -141,23 +125,17 @@ class Meter:
     """Step timing (device-synchronised) and per-step peak memory."""
 
     def __init__(self, device: torch.device) -> None:
-        self.device = device
+        self.memory = PeakMemory(device)
         self.start = 0.0
 
-    def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
     def begin(self) -> None:
-        self.sync()
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
+        self.memory.start()
         self.start = time.perf_counter()
 
     def end(self) -> tuple[float, float | None]:
-        self.sync()
+        self.memory.stop()
         step_ms = 1e3 * (time.perf_counter() - self.start)
-        peak = torch.cuda.max_memory_allocated(self.device) / 2**30 if self.device.type == "cuda" else None
+        peak = None if self.memory.peak_bytes is None else self.memory.peak_bytes / 2**30
         return step_ms, peak
 
 
@@ -341,8 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{'PASS' if summary['all_checks_passed'] and summary['positive_penalty_after_first_step'] else 'FAIL'}"
     )
     if args.json is not None:
-        args.json.write_text(json.dumps({"header": header(args, device, mode), "rows": [asdict(r) for r in rows],
-                                         "summary": summary}, indent=2))
+        write_json(args.json, {"header": header(args, device, mode), "rows": [asdict(r) for r in rows],
+                               "summary": summary})
     return 0 if summary["all_checks_passed"] and summary["positive_penalty_after_first_step"] else 1
 
 

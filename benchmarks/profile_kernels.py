@@ -15,8 +15,8 @@ the launch layers are timed with and without compiled-kernel replay
 With --host-profile, also prints the Python functions that take the host's time in
 one forward+backward (cProfile, sorted by own time).
 
-Usage: python benchmarks/profile_kernels.py [--shapes 32x12x197x64 8x12x1024x64]
-       [--host-breakdown] [--host-profile]
+Usage (from the repository root, with the package installed: ``pip install -e .``):
+python benchmarks/profile_kernels.py [--shapes 32x12x197x64 8x12x1024x64] [--host-breakdown] [--host-profile]
 """
 
 from __future__ import annotations
@@ -27,19 +27,11 @@ import pstats
 import time
 
 import torch
-from triton.testing import do_bench
 
-from bench_attention_kl import gpu_kernel_times_us
-
+from _harness.measure import gpu_kernel_times_us, median_ms
+from _harness.options import parse_shape
 from cl_streamkl import attention_kl
 from cl_streamkl.kernels.triton import launch
-
-
-def parse_shape(text: str) -> tuple[int, int, int, int]:
-    parts = tuple(int(part) for part in text.lower().split("x"))
-    if len(parts) != 4:
-        raise argparse.ArgumentTypeError(f"shape must be BxHxNxD, got {text!r}")
-    return parts
 
 
 def host_us_per_call(fn, calls: int = 50) -> float:
@@ -149,7 +141,7 @@ def main() -> None:
             torch.autograd.grad(forward(), (q, k))
 
         for mode, fn in (("fwd", forward), ("fwd+bwd", forward_backward)):
-            waited_ms = do_bench(fn, warmup=25, rep=200, return_mode="median")
+            waited_ms = median_ms(fn, torch.device("cuda"), rep_ms=200)
             kernels = gpu_kernel_times_us(fn, iterations=20)
             device_us = sum(kernels.values())
             print(

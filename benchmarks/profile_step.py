@@ -1,4 +1,4 @@
-"""Where a distillation training step spends its time (issue 6).
+"""Where a distillation training step spends its time.
 
 Two tables, same model and set-up as ``e2e_distillation.py`` (timm ViT-B/16, random
 init, bf16 autocast, AdamW, all 12 blocks distilled):
@@ -11,17 +11,17 @@ init, bf16 autocast, AdamW, all 12 blocks distilled):
    time).
 2. Per step method: the median wall time of a training step, and on CUDA the summed
    kernel time per step (torch.profiler), the GPU's idle time (wall − kernels) and the
-   kernel time by category. Methods are ``e2e_distillation``'s (``none``, ``teacher``,
+   kernel time by category. Methods are ``e2e_distillation.py``'s (``none``, ``teacher``,
    ``triton``, ...) plus ``capture`` (the student's Q/K capture alone, zero penalty) and
-   ``capture-full`` (the same with every forward watched in full: the graph reads of
-   :mod:`cl_streamkl.capture.graph_reads` disabled). ``--gaps`` also lists, per method, the
+   ``capture-full`` (the same with every forward watched in full:
+   ``cl_streamkl.capture.graph_reads_disabled``). ``--gaps`` also lists, per method, the
    host operation running in the middle of each GPU idle gap over 50 µs.
 
-Examples::
+Examples (from the repository root, with the package installed: ``pip install -e .``)::
 
-    PYTHONPATH=.:benchmarks python benchmarks/profile_step.py --teacher --methods none capture triton
-    PYTHONPATH=.:benchmarks python benchmarks/profile_step.py --compile-teacher --methods triton --gaps
-    PYTHONPATH=.:benchmarks python benchmarks/profile_step.py --device cpu --tiny --teacher
+    python benchmarks/profile_step.py --teacher --methods none capture triton
+    python benchmarks/profile_step.py --compile-teacher --methods triton --gaps 10
+    python benchmarks/profile_step.py --device cpu --tiny --teacher
 """
 
 from __future__ import annotations
@@ -29,24 +29,37 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from torch import nn
 
-import e2e_distillation as e2e
-from bench_attention_kl import describe_environment, free_memory
+from _harness.measure import PeakMemory, free_memory, median_ms, sync
+from _harness.options import COMPILE_MODES, add_compile_teacher_flag, add_run_flags, checked_device
+from _harness.options import compile_teacher_option, describe_teacher
+from _harness.report import describe_environment, environment_line, write_json
+from _harness.vit_training import (
+    DEFAULT_MODEL,
+    EXTRA_METHODS,
+    METHODS,
+    TINY_MODEL_KWARGS,
+    Trainer,
+    build_model,
+    build_trainer,
+    random_batch,
+    time_steps,
+)
+from cl_streamkl import QKCapture
 from cl_streamkl.capture import graph_reads_disabled
 from cl_streamkl.strategies import AttentionDistiller, frozen_copy
 
 CAPTURE_METHODS = ("capture", "capture-full")
-STEP_METHODS = e2e.METHODS + e2e.EXTRA_METHODS + CAPTURE_METHODS
+STEP_METHODS = METHODS + EXTRA_METHODS + CAPTURE_METHODS
 # Kernel-name fragments, first match wins.
 CATEGORIES = (
     ("_attention_kl_fwd", "streamkl fwd"),
@@ -82,7 +95,7 @@ class FullWatchDistiller(CaptureOnlyDistiller):
     """``capture-full``: as ``capture``, but every forward is watched with the TorchFunctionMode."""
 
     @contextmanager
-    def student_capture(self, model: nn.Module):
+    def student_capture(self, model: nn.Module) -> Iterator[QKCapture]:
         with graph_reads_disabled(), super().student_capture(model) as capture:
             yield capture
 
@@ -92,30 +105,11 @@ def category(kernel_name: str) -> str:
     return next((label for fragment, label in CATEGORIES if fragment in name), "other")
 
 
-def median_ms(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
-    """Median over ``repeats`` calls, each waited for (do_bench on CUDA)."""
-    if device.type == "cuda":
-        from triton.testing import do_bench
-
-        return do_bench(fn, warmup=25, rep=max(100, 10 * repeats))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def teacher_rows(args: argparse.Namespace, image_size: int, batch: int) -> list[dict]:
     """Table 1 at one image size: one row per teacher variant."""
     device = args.device
     torch.manual_seed(0)
-    model = e2e.build_model(args.model, args.model_kwargs, image_size, device)
+    model = build_model(args.model, args.model_kwargs, image_size, device)
     teacher = frozen_copy(model)
     images = torch.randn(batch, 3, image_size, image_size, device=device)
     variants: dict[str, Callable[[], object]] = {}
@@ -141,32 +135,30 @@ def teacher_rows(args: argparse.Namespace, image_size: int, batch: int) -> list[
 
         start = time.perf_counter()
         run()
-        _sync(device)
+        sync(device)
         first_s = time.perf_counter() - start
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-        ms = median_ms(run, device, args.steps)
-        extra = (torch.cuda.max_memory_allocated(device) - base) / 2**30 if device.type == "cuda" else None
+        with PeakMemory(device) as memory:
+            ms = median_ms(run, device, rep_ms=max(100, 10 * args.steps), cpu_repeats=args.steps)
+        extra = None if memory.extra_bytes is None else memory.extra_bytes / 2**30
         rows.append({"image_size": image_size, "batch": batch, "teacher": name, "first_call_s": first_s,
                      "ms": ms, "extra_peak_gib": extra})
         print(f"teacher {image_size}px × {batch} {name}: {ms:.2f} ms (first call {first_s:.1f} s)", flush=True)
     return rows
 
 
-def build_step_trainer(args: argparse.Namespace, method: str, image_size: int) -> e2e.Trainer:
+def build_step_trainer(args: argparse.Namespace, method: str, image_size: int) -> Trainer:
     if method not in CAPTURE_METHODS:
-        return e2e.build_trainer(
+        return build_trainer(
             method, args.model, args.model_kwargs, image_size, 1.0, args.device, args.compile_teacher
         )
-    trainer = e2e.build_trainer("none", args.model, args.model_kwargs, image_size, 1.0, args.device)
+    trainer = build_trainer("none", args.model, args.model_kwargs, image_size, 1.0, args.device)
     distiller_class = FullWatchDistiller if method == "capture-full" else CaptureOnlyDistiller
     trainer.distiller = distiller_class(layers="all")
     trainer.distiller.update_teacher(trainer.model)
     return trainer
 
 
-def profiled_steps(trainer: e2e.Trainer, images, labels, steps: int, trace_path: Path) -> list[dict]:
+def profiled_steps(trainer: Trainer, images, labels, steps: int, trace_path: Path) -> list[dict]:
     """Chrome-trace events of ``steps`` training steps (CPU ops and CUDA kernels)."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -205,10 +197,10 @@ def gap_causes(events: list[dict], gaps: Sequence[tuple[float, float]]) -> colle
 def step_row(args: argparse.Namespace, method: str, image_size: int, batch: int, trace_dir: Path) -> dict:
     """Table 2, one method: wall median, and on CUDA kernel sums, idle time and categories."""
     trainer = build_step_trainer(args, method, image_size)
-    wall_ms, _ = e2e.time_steps(trainer, batch, image_size, args.warmup_steps, args.steps)
+    wall_ms, _ = time_steps(trainer, batch, image_size, args.warmup_steps, args.steps)
     row = {"image_size": image_size, "batch": batch, "method": method, "wall_ms": wall_ms}
     if args.device.type == "cuda":
-        images, labels = e2e.random_batch(batch, image_size, trainer.num_classes, args.device)
+        images, labels = random_batch(batch, image_size, trainer.num_classes, args.device)
         events = profiled_steps(trainer, images, labels, args.profile_steps, trace_dir / f"{method}.json")
         kernels = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "kernel")
         by_category: collections.Counter = collections.Counter()
@@ -240,35 +232,27 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--teacher", action="store_true", help="also time the teacher's forward alone (table 1)")
     parser.add_argument(
-        "--compile-mode", default=None, choices=e2e.COMPILE_MODES[1:],
+        "--compile-mode", default=None, choices=COMPILE_MODES[1:],
         help="one more compiled teacher variant in this mode",
     )
     parser.add_argument(
         "--methods", nargs="*", choices=STEP_METHODS, default=["none", "capture", "teacher", "triton"],
         help="step methods of table 2 (default: none capture teacher triton; none at all: skip table 2)",
     )
-    parser.add_argument(
-        "--compile-teacher", nargs="?", const="default", default=None, choices=e2e.COMPILE_MODES, metavar="MODE",
-        help="distilling methods use the compiled teacher, optionally in a torch.compile mode "
-        f"({', '.join(e2e.COMPILE_MODES)})",
-    )
+    add_compile_teacher_flag(parser)
     parser.add_argument("--image-size", type=int, default=None, help="default 512 (tiny: 32)")
     parser.add_argument("--batch", type=int, default=None, help="default 16 (tiny: 2)")
-    parser.add_argument("--model", default=e2e.DEFAULT_MODEL)
+    parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--tiny", action="store_true", help="a depth-2, width-32 ViT at 32 px for smoke runs")
     parser.add_argument("--warmup-steps", type=int, default=4)
     parser.add_argument("--steps", type=int, default=10, help="timed steps (and teacher calls on the CPU)")
     parser.add_argument("--profile-steps", type=int, default=3, help="steps under torch.profiler (CUDA)")
     parser.add_argument("--gaps", type=int, default=0, metavar="N", help="list the N largest causes of GPU idle")
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the rows here")
-    parser.add_argument("--commit", default=None, help="commit to print when the tree has no .git")
+    add_run_flags(parser, json_help="also write the rows here")
     args = parser.parse_args(argv)
-    args.device = torch.device(args.device)
-    args.compile_teacher = e2e.compile_teacher_option(args.compile_teacher)
-    if args.device.type == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda but CUDA is not available; use --device cpu --tiny")
-    args.model_kwargs = dict(e2e.TINY_MODEL_KWARGS) if args.tiny else {}
+    args.device = checked_device(parser, args.device, "--device cpu --tiny")
+    args.compile_teacher = compile_teacher_option(args.compile_teacher)
+    args.model_kwargs = dict(TINY_MODEL_KWARGS) if args.tiny else {}
     args.image_size = args.image_size or (32 if args.tiny else 512)
     args.batch = args.batch or (2 if args.tiny else 16)
     for flag, value in {"--steps": args.steps, "--profile-steps": args.profile_steps, "--batch": args.batch}.items():
@@ -280,8 +264,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     environment = describe_environment(args.device, args.commit)
-    print(" | ".join(f"{key} {value}" for key, value in environment.items()), flush=True)
-    print(f"teacher of the step methods: {e2e.describe_teacher(args.compile_teacher)}", flush=True)
+    print(environment_line(environment), flush=True)
+    print(f"teacher of the step methods: {describe_teacher(args.compile_teacher)}", flush=True)
     result: dict = {"environment": environment, "teacher": [], "steps": []}
     if args.teacher:
         result["teacher"] = teacher_rows(args, args.image_size, args.batch)
@@ -293,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(format_step_row(row), flush=True)
             free_memory(args.device)
     if args.json is not None:
-        args.json.write_text(json.dumps(result, indent=1))
+        write_json(args.json, result)
     return 0
 
 

@@ -2,15 +2,24 @@
 
 * Triton kernels run on the CPU through its interpreter, which must be chosen
   before triton is first imported (set CL_STREAMKL_TEST_GPU=1 to test on CUDA).
+* benchmarks/ is on sys.path, as for a script run from it.
 * Every float tensor that ``torch.empty``/``torch.empty_like`` returns is filled
   with NaN, so an output element a kernel forgets to write fails the test
   instead of passing on whatever memory happened to hold.
 """
 
 import os
+import sys
+from pathlib import Path
 
 if os.environ.get("CL_STREAMKL_TEST_GPU") != "1":
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# The benchmark scripts run as files (``python benchmarks/<script>.py``), which puts their
+# folder on sys.path; their smoke tests import them, and ``_harness``, the same way.
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+if str(BENCHMARKS) not in sys.path:
+    sys.path.insert(0, str(BENCHMARKS))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

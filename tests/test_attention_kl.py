@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from cl_streamkl import AttentionKLDivLoss, attention_kl, attention_kl_reference
+from cl_streamkl.kernels import eager_attention_kl
 from cl_streamkl.kernels.torch_streaming import attention_kl_rows_torch
 from cl_streamkl.kernels.validation import check_inputs
 
@@ -235,6 +236,23 @@ def test_single_key_gives_zero_and_backends_agree(device):
     for backend in BACKENDS:
         out = attention_kl(q, k, q_t, k_t, reduction="none", backend=backend)
         assert out.abs().max().item() < 1e-6
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 17, 40, 16, 24, False), (1, 2, 33, 33, 16, 24, True)], ids=shape_id)
+def test_eager_baseline_matches_reference_without_nan(shape, device):
+    torch.manual_seed(8)
+    causal = shape[-1]
+    q, k, q_t, k_t = make_inputs(shape, torch.float32, device)
+    ref = attention_kl_reference(q, k, q_t, k_t, causal=causal, reduction="none")
+    rows = eager_attention_kl(q, k, q_t, k_t, causal=causal, reduction="none")
+    assert rows.dtype == torch.float32 and torch.isfinite(rows).all()
+    assert rel_err(rows, ref) < 1e-5
+    upstream = torch.randn_like(ref)
+    ref_grads = torch.autograd.grad((ref * upstream).sum(), (q, k))
+    grads = torch.autograd.grad((rows * upstream.float()).sum(), (q, k))
+    for grad, ref_grad in zip(grads, ref_grads):
+        assert rel_err(grad, ref_grad) < 1e-4
+    torch.testing.assert_close(eager_attention_kl(q, k, q_t, k_t, causal=causal), rows.mean())
 
 
 def test_triton_is_deterministic(device):

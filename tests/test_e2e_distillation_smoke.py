@@ -1,26 +1,22 @@
 """Smoke tests of the end-to-end distillation benchmark with a tiny ViT on the CPU.
 
 The full run (ViT-B/16 at 224/512/1024 px) happens on the H200 by hand; these tests keep
-the script's pieces honest: the batch search, the eager (b) penalty against the
-distiller's, OOM handling, the table, the plot and the JSON file.
+the script's pieces and its training steps (``_harness.vit_training``) honest: the batch
+search, the eager (b) penalty against the distiller's, OOM handling, the table, the plot
+and the JSON file.
 """
 
 import json
-import sys
 import time
-from pathlib import Path
 
+import e2e_distillation as e2e
 import pytest
 import torch
-
-BENCHMARKS = str(Path(__file__).resolve().parent.parent / "benchmarks")
-if BENCHMARKS not in sys.path:
-    sys.path.insert(0, BENCHMARKS)
-
-import e2e_distillation as e2e  # noqa: E402
+from _harness import vit_training as training
+from _harness.options import describe_teacher
 
 CPU = torch.device("cpu")
-TINY = e2e.TINY_MODEL_KWARGS
+TINY = training.TINY_MODEL_KWARGS
 
 
 class Probe:
@@ -86,15 +82,15 @@ def test_largest_batch_past_deadline_is_a_lower_bound():
 
 def test_eager_distiller_matches_streaming_penalty():
     torch.manual_seed(0)
-    model = e2e.build_model(e2e.DEFAULT_MODEL, TINY, 48, CPU)
-    eager = e2e.build_distiller("eager", alpha=0.5)
-    streaming = e2e.build_distiller("torch", alpha=0.5)
+    model = training.build_model(training.DEFAULT_MODEL, TINY, 48, CPU)
+    eager = training.build_distiller("eager", alpha=0.5)
+    streaming = training.build_distiller("torch", alpha=0.5)
     for distiller in (eager, streaming):
         distiller.update_teacher(model)
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.add_(torch.randn_like(parameter), alpha=0.2)
-    images, _ = e2e.random_batch(2, 48, model.num_classes, CPU)
+    images, _ = training.random_batch(2, 48, model.num_classes, CPU)
     penalties = []
     for distiller in (eager, streaming):
         with distiller.student_capture(model) as capture:
@@ -106,9 +102,9 @@ def test_eager_distiller_matches_streaming_penalty():
 
 @pytest.mark.parametrize("method", ["none", "eager", "torch", "teacher"])
 def test_trainer_step_updates_the_student(method):
-    trainer = e2e.build_trainer(method, e2e.DEFAULT_MODEL, TINY, 32, alpha=1.0, device=CPU)
+    trainer = training.build_trainer(method, training.DEFAULT_MODEL, TINY, 32, alpha=1.0, device=CPU)
     before = [p.detach().clone() for p in trainer.model.parameters()]
-    images, labels = e2e.random_batch(2, 32, trainer.num_classes, CPU)
+    images, labels = training.random_batch(2, 32, trainer.num_classes, CPU)
     loss = trainer.step(images, labels)
     assert torch.isfinite(loss)
     assert any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
@@ -117,18 +113,18 @@ def test_trainer_step_updates_the_student(method):
 
 
 def test_teacher_only_runs_the_teacher_and_adds_nothing():
-    trainer = e2e.build_trainer("teacher", e2e.DEFAULT_MODEL, TINY, 32, alpha=1.0, device=CPU)
+    trainer = training.build_trainer("teacher", training.DEFAULT_MODEL, TINY, 32, alpha=1.0, device=CPU)
     teacher_calls = []
     trainer.distiller.teacher.blocks[0].register_forward_hook(lambda *_: teacher_calls.append(1))
-    images, labels = e2e.random_batch(2, 32, trainer.num_classes, CPU)
+    images, labels = training.random_batch(2, 32, trainer.num_classes, CPU)
     loss = trainer.step(images, labels)
-    plain = e2e.build_trainer("none", e2e.DEFAULT_MODEL, TINY, 32, alpha=1.0, device=CPU)
+    plain = training.build_trainer("none", training.DEFAULT_MODEL, TINY, 32, alpha=1.0, device=CPU)
     torch.testing.assert_close(loss, plain.step(images, labels))
     assert teacher_calls == [1]
 
 
 def test_batch_fits_turns_oom_into_false(monkeypatch):
-    trainer = e2e.build_trainer("none", e2e.DEFAULT_MODEL, TINY, 32, alpha=1.0, device=CPU)
+    trainer = training.build_trainer("none", training.DEFAULT_MODEL, TINY, 32, alpha=1.0, device=CPU)
     assert e2e.batch_fits(trainer, 2, 32, steps=1)
 
     def out_of_memory(images, labels):
@@ -139,7 +135,7 @@ def test_batch_fits_turns_oom_into_false(monkeypatch):
 
 
 def test_check_penalties_compares_methods_and_reference():
-    check = e2e.check_penalties(["none", "eager", "torch"], e2e.DEFAULT_MODEL, TINY, 48, 2, 1.0, 0.05, CPU)
+    check = e2e.check_penalties(["none", "eager", "torch"], training.DEFAULT_MODEL, TINY, 48, 2, 1.0, 0.05, CPU)
     assert set(check.values) == {"eager", "torch"}
     assert check.tokens == 10 and check.reference > 0
     for value in check.values.values():
@@ -196,6 +192,6 @@ def test_bad_flags_are_rejected():
 def test_compile_teacher_flag_becomes_the_distillers_option(flags, option, described):
     args = e2e.parse_args(["--device", "cpu", "--tiny", *flags])
     assert args.compile_teacher == option
-    assert e2e.describe_teacher(args.compile_teacher) == described
-    distiller = e2e.build_distiller("triton", 1.0, args.compile_teacher)
+    assert describe_teacher(args.compile_teacher) == described
+    distiller = training.build_distiller("triton", 1.0, args.compile_teacher)
     assert distiller.compile_options == ({} if option is True else option or None)

@@ -5,16 +5,9 @@ here the step/teacher rows run on the CPU and the trace arithmetic runs on made-
 """
 
 import json
-import sys
-from pathlib import Path
 
+import profile_step
 import pytest
-
-BENCHMARKS = str(Path(__file__).resolve().parent.parent / "benchmarks")
-if BENCHMARKS not in sys.path:
-    sys.path.insert(0, BENCHMARKS)
-
-import profile_step  # noqa: E402
 
 
 def test_cpu_run_writes_teacher_and_step_rows(tmp_path, capsys):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import json
 import platform
-import subprocess
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
@@ -13,6 +12,7 @@ from typing import Any
 
 import torch
 
+from cl_streamkl._provenance import git_commit
 from cl_streamkl.experiment.config import ExperimentConfig
 from cl_streamkl.experiment.runner import RunResult
 from cl_streamkl.experiment.summary import SCALAR_METRICS
@@ -33,18 +33,10 @@ def environment() -> dict[str, Any]:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
             versions[name] = None
-    commit = None
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
-            capture_output=True, text=True, timeout=5, check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        pass
     return {
         "versions": versions, "python": platform.python_version(), "platform": platform.platform(),
         "cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-        "torch_threads": torch.get_num_threads(), "git_commit": commit,
+        "torch_threads": torch.get_num_threads(), "git_commit": git_commit(),
     }
 
 

@@ -1,13 +1,15 @@
-"""Float64 materialising reference for the attention KL.
+"""Materialising attention KL: the float64 reference and the eager baseline.
 
-It builds both (Nq, Nk) attention matrices, so it is only for tests,
-benchmarks' correctness checks and debugging at small sizes. It is
-differentiable through ordinary autograd.
+Both build the (Nq, Nk) attention matrices and are differentiable through ordinary
+autograd. :func:`attention_kl_reference` computes in float64, for tests, benchmarks'
+correctness checks and debugging at small sizes. :func:`eager_attention_kl` is the code
+distillation usually runs, the baseline the benchmarks time StreamKL against.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from cl_streamkl.kernels.validation import check_inputs, reduce_rows
 
@@ -71,3 +73,38 @@ def attention_kl_reference(
         p_teacher = log_p_teacher.exp()
     terms = p_teacher * (log_p_teacher - log_p_student)
     return reduce_rows(terms.sum(dim=-1), reduction)
+
+
+def eager_attention_kl(
+    q: torch.Tensor, k: torch.Tensor, q_teacher: torch.Tensor, k_teacher: torch.Tensor, *,
+    scale: float | None = None, teacher_scale: float | None = None, causal: bool = False, reduction: str = "mean",
+) -> torch.Tensor:
+    """KL(P_teacher ‖ P_student) per query row, the way distillation code usually computes it.
+
+    Both score matrices are materialised in the inputs' dtype and again in float32, each
+    gets a float32 ``log_softmax``, and ``F.kl_div(log_p_student, log_p_teacher,
+    log_target=True)`` is summed over keys. Nothing is validated: this is the baseline
+    whose time and memory the benchmarks compare StreamKL with.
+
+    Args:
+        q, k, q_teacher, k_teacher, scale, teacher_scale, causal, reduction: as in
+            :func:`attention_kl_reference` (which adds ``temperature``).
+
+    Returns:
+        A float32 tensor, reduced as asked.
+    """
+    scale = q.size(-1) ** -0.5 if scale is None else scale
+    teacher_scale = q_teacher.size(-1) ** -0.5 if teacher_scale is None else teacher_scale
+    student = (q @ k.transpose(-2, -1)).float() * scale
+    teacher = (q_teacher @ k_teacher.transpose(-2, -1)).float() * teacher_scale
+    if causal:
+        future = torch.ones(q.size(2), k.size(2), dtype=torch.bool, device=q.device).triu(1)
+        # The dtype's minimum rather than −inf: exp gives 0 and the log-ratio of two masked
+        # entries stays finite, so kl_div sees no 0·(−inf − −inf).
+        lowest = torch.finfo(torch.float32).min
+        student = student.masked_fill(future, lowest)
+        teacher = teacher.masked_fill(future, lowest)
+    log_p_student = student.log_softmax(dim=-1)
+    log_p_teacher = teacher.log_softmax(dim=-1)
+    per_entry = F.kl_div(log_p_student, log_p_teacher, reduction="none", log_target=True)
+    return reduce_rows(per_entry.sum(dim=-1), reduction)

@@ -1,0 +1,78 @@
+"""What a run prints and writes: the environment header, aligned table cells, the JSON file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cl_streamkl._provenance import git_commit
+
+
+def describe_environment(device: torch.device, commit: str | None = None) -> dict[str, str]:
+    """Device name, library versions and commit, for the header line and the JSON file.
+
+    Args:
+        device: the device measured.
+        commit: what to report as the commit (``--commit``, for a tree without .git);
+            None: the short hash of the checkout, ``+dirty`` if edited, else "unknown".
+    """
+    if device.type == "cuda":
+        properties = torch.cuda.get_device_properties(device)
+        name = f"{properties.name} ({properties.total_memory / 2**30:.0f} GiB)"
+    else:
+        name = f"{device.type} ({platform.processor() or platform.machine()})"
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "none"
+    return {
+        "device": name,
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "python": platform.python_version(),
+        "commit": commit or git_commit(short=True, mark_dirty=True) or "unknown",
+    }
+
+
+def environment_line(environment: dict[str, str]) -> str:
+    """The header line: ``device ... | torch ... | triton ... | python ... | commit ...``."""
+    return " | ".join(f"{key} {value}" for key, value in environment.items())
+
+
+def cell(value: float | None, spec: str) -> str:
+    """``value`` formatted with ``spec``; ``-`` when missing or not finite."""
+    return "-" if value is None or not math.isfinite(value) else format(value, spec)
+
+
+def aligned(cells: Sequence[str], columns: Sequence[tuple[str, int]]) -> str:
+    """One table line: each cell right-aligned to its column's width, two spaces apart.
+
+    Args:
+        cells: the line's text, one per column.
+        columns: (title, width) per column.
+    """
+    return "  ".join(text.rjust(width) for text, (_, width) in zip(cells, columns))
+
+
+def header_line(columns: Sequence[tuple[str, int]]) -> str:
+    """The column titles, aligned like :func:`aligned` lines."""
+    return aligned([title for title, _ in columns], columns)
+
+
+def run_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The parsed arguments as JSON values (paths and devices as text)."""
+    return {key: str(value) if isinstance(value, (Path, torch.device)) else value for key, value in vars(args).items()}
+
+
+def write_json(path: Path, payload: dict[str, Any]) -> None:
+    """Write ``payload`` to ``path`` as indented JSON."""
+    path.write_text(json.dumps(payload, indent=1))
