@@ -27,7 +27,7 @@ def test_run_end_to_end(tmp_path, capsys):
     assert rc == 0
     # the aligned comparison table, one row per strategy, mean ± std over two seeds
     table = printed[printed.index("Strategy"):].splitlines()
-    assert table[0].split()[:4] == ["Strategy", "Final", "avg", "acc"]
+    assert table[0].split()[:4] == ["Strategy", "Class-IL", "acc", "(%)"]
     assert [line.split()[0] for line in table[2:4]] == ["naive", "lwf+streamkl"]
     assert "±" in table[2] and len({len(line) for line in table[:4]}) == 1
 
@@ -44,10 +44,11 @@ def test_run_end_to_end(tmp_path, capsys):
         assert run["final_average_accuracy"] == pytest.approx(sum(matrix[-1]) / 5)
         assert -1.0 <= run["backward_transfer"] <= 1.0 and run["wall_time_s"] > 0
         assert len(run["average_accuracy"]) == 5
-        task_aware = run["task_aware_matrix"]
-        assert len(task_aware) == 5 and all(0.0 <= a <= 1.0 for row in task_aware for a in row)
+        task_il = run["task_il_matrix"]
+        assert len(task_il) == 5 and all(0.0 <= a <= 1.0 for row in task_il for a in row)
         # restricting the argmax to an experience's classes can only help
-        assert all(t >= a for tr, ar in zip(task_aware, matrix) for t, a in zip(tr, ar))
+        assert all(t >= a for tr, ar in zip(task_il, matrix) for t, a in zip(tr, ar))
+        assert run["learning_accuracy"] == pytest.approx(sum(matrix[i][i] for i in range(5)) / 5)
         if "streamkl" in run["strategy"]:
             # 5 experiences × 1 epoch × ceil(~260/64) iterations, no penalty before a teacher exists
             assert len(run["penalties"]) >= 5 * 4
@@ -56,6 +57,8 @@ def test_run_end_to_end(tmp_path, capsys):
             assert run["penalties"] == []
     summary = results["summary"]["lwf+streamkl"]
     assert summary["seeds"] == [0, 1]
+    # no lwf run to pair lwf+streamkl with: nothing to compare
+    assert results["paired"] == [] and "paired differences" not in printed
     assert len(summary["accuracy_matrix"]["mean"]) == 5
 
     with open(out / "results.csv") as handle:
@@ -70,6 +73,42 @@ def test_run_end_to_end(tmp_path, capsys):
     ckpt = torch.load(out / "checkpoints" / "lwf+streamkl-seed1.pt", weights_only=True)
     assert ckpt["finished"] and ckpt["experiences_done"] == 5
     assert set(ckpt["plugins"]) == {"lwf", "streamkl"}
+
+
+@pytest.mark.parametrize("scenario, strategies, accuracy_title", [
+    ("class", ["naive", "streamkl", "wa", "wa+streamkl", "pad"], "Class-IL"),
+    ("task", ["naive", "lwf", "lwf+pad", "streamkl", "replay+streamkl", "replay"], "Task-IL"),
+    ("domain", ["naive", "streamkl", "pad", "ewc"], "Domain-IL"),
+])
+def test_every_scenario_end_to_end(tmp_path, capsys, scenario, strategies, accuracy_title):
+    extra = ["--first-experience-classes", "4"] if scenario != "domain" else ["--domain-shift", "permute"]
+    rc, out = _run(tmp_path, scenario, "--scenario", scenario, "--experiences", "3", "--mem-size", "30",
+                   "--strategies", *strategies, "--seeds", "0", "1", *extra)
+    printed = capsys.readouterr().out
+    assert rc == 0
+    assert printed[printed.index("Strategy"):].split()[1] == accuracy_title
+    results = json.loads((out / "results.json").read_text())
+    assert results["config"]["scenario"] == scenario
+    for run in results["runs"]:
+        assert len(run["accuracy_matrix"]) == 3 and 0.0 <= run["learning_accuracy"] <= 1.0
+        assert bool(run["task_il_matrix"]) == (scenario == "class")
+        if {"streamkl", "pad"} & set(run["strategy"].split("+")):
+            assert max(run["penalties"]) > 0
+    pairs = {(e["strategy"], e["baseline"], e["metric"]): e for e in results["paired"]}
+    expected = {"class": [("streamkl", "naive"), ("wa+streamkl", "wa"), ("pad", "naive"), ("streamkl", "pad")],
+                "task": [("streamkl", "naive"), ("lwf+pad", "lwf"), ("replay+streamkl", "replay")],
+                "domain": [("streamkl", "naive"), ("pad", "naive"), ("streamkl", "pad")]}[scenario]
+    assert {(s, b) for s, b, _ in pairs} == set(expected)
+    entry = pairs[(*expected[0], "final_avg_acc")]
+    by_seed = {(r["strategy"], r["seed"]): r["final_average_accuracy"] for r in results["runs"]}
+    diffs = [100 * (by_seed[(expected[0][0], s)] - by_seed[(expected[0][1], s)]) for s in (0, 1)]
+    assert entry["n"] == 2 and entry["mean_diff"] == pytest.approx(sum(diffs) / 2)
+    assert "paired differences" in printed
+    if scenario == "task":
+        ckpt = torch.load(out / "checkpoints" / "streamkl-seed0.pt", weights_only=True)
+        assert {k for k in ckpt["model"] if k.startswith("heads.")} == {
+            "heads.0.weight", "heads.0.bias", "heads.1.weight", "heads.1.bias", "heads.2.weight", "heads.2.bias"}
+        assert ckpt["model"]["heads.0.weight"].shape[0] == 4 and ckpt["model"]["heads.1.weight"].shape[0] == 3
 
 
 def test_resume_reproduces_uninterrupted_run(tmp_path, monkeypatch, capsys):
@@ -109,7 +148,10 @@ def test_resume_reproduces_uninterrupted_run(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--strategies", "naive", "gem"], "invalid choice: 'gem'"),
+        (["--strategies", "naive", "gem"], "unknown strategy component 'gem'"),
+        (["--scenario", "task", "--strategies", "wa"], "needs scenario 'class'"),
+        (["--scenario", "domain", "--first-experience-classes", "4"], "first_experience_classes needs scenario"),
+        (["--experiences", "3"], "must divide the 10 classes"),
         (["--dataset", "mnist"], "invalid choice: 'mnist'"),
         (["--model", "vit_tinyy_patch16_224"], "unknown timm model 'vit_tinyy_patch16_224'; did you mean"),
         (["--model", "resnet18"], "ViT-family"),
@@ -155,7 +197,8 @@ def test_pretrained_file_is_loaded(tmp_path, capsys):
 def test_help_lists_strategies_and_datasets(capsys):
     assert cli.main(["run", "--help"]) == 0
     text = capsys.readouterr().out
-    for word in ["replay+streamkl", "tiny-imagenet", "--resume", "--image-size", "--amp"]:
+    for word in ["lwf+streamkl", "tiny-imagenet", "mnist5k", "--scenario", "--first-experience-classes",
+                 "--resume", "--image-size", "--amp"]:
         assert word in text
 
 

@@ -38,7 +38,7 @@ def build_plugins(
         buffer = SeededExperienceBuffer(config.mem_size, stream.train, seed)
         plugins["replay"] = ReplayPlugin(mem_size=config.mem_size, storage_policy=buffer)
     if "wa" in components:
-        from cl_streamkl.strategies.weight_aligning import WeightAlignPlugin
+        from cl_streamkl.strategies import WeightAlignPlugin
 
         plugins["wa"] = WeightAlignPlugin()
     if "lwf" in components:

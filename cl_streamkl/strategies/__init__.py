@@ -1,8 +1,9 @@
-"""Continual-learning strategies built on StreamKL attention distillation.
+"""Continual-learning strategies built on attention distillation, and the comparators they meet.
 
-:class:`AttentionDistiller` is framework-free. :class:`StreamKLPlugin` and the penalty
-metrics adapt it to Avalanche and are imported on first use, so the distiller works
-where Avalanche is not installed.
+:class:`AttentionDistiller` (StreamKL) and :class:`PooledAttentionDistiller` (PAD) are
+framework-free. The Avalanche plugins (:class:`StreamKLPlugin`, :class:`PADPlugin`,
+:class:`WeightAlignPlugin`) and the penalty metrics are imported on first use, so the
+distillers work where Avalanche is not installed.
 """
 
 from __future__ import annotations
@@ -10,18 +11,27 @@ from __future__ import annotations
 from typing import Any
 
 from cl_streamkl.strategies.distiller import AttentionDistiller
+from cl_streamkl.strategies.pooled_attention import PooledAttentionDistiller, pooled_attention_distance
 from cl_streamkl.strategies.teacher import frozen_copy
 
 __all__ = [
+    "AttentionDistillationPlugin",
     "AttentionDistiller",
+    "PADPlugin",
+    "PooledAttentionDistiller",
     "StreamKLPenaltyMetric",
     "StreamKLPlugin",
+    "WeightAlignPlugin",
     "frozen_copy",
+    "pooled_attention_distance",
     "streamkl_penalty_metrics",
 ]
 
 _AVALANCHE_NAMES = {
+    "AttentionDistillationPlugin": "cl_streamkl.strategies.plugin",
+    "PADPlugin": "cl_streamkl.strategies.plugin",
     "StreamKLPlugin": "cl_streamkl.strategies.plugin",
+    "WeightAlignPlugin": "cl_streamkl.strategies.weight_aligning",
     "StreamKLPenaltyMetric": "cl_streamkl.strategies.penalty_metrics",
     "streamkl_penalty_metrics": "cl_streamkl.strategies.penalty_metrics",
 }

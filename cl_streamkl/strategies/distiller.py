@@ -37,9 +37,6 @@ from cl_streamkl.strategies.teacher import frozen_copy, named_tensors, restore_f
 
 __all__ = ["AttentionDistiller"]
 
-STATE_FORMAT = "cl_streamkl.AttentionDistiller/1"
-
-
 def _check_alpha(alpha: object) -> float:
     if isinstance(alpha, bool) or not isinstance(alpha, Real):
         raise TypeError(f"alpha must be a real number, got {type(alpha).__name__}")
@@ -73,6 +70,8 @@ class AttentionDistiller:
     Raises:
         TypeError / ValueError: an argument has the wrong type or value.
     """
+
+    state_format = "cl_streamkl.AttentionDistiller/1"
 
     def __init__(
         self,
@@ -209,22 +208,31 @@ class AttentionDistiller:
             student_scales = [None] * len(student_qk)
         elif len(student_scales) != len(student_qk):
             raise ValueError(f"student_scales has {len(student_scales)} entries, expected {len(student_qk)}")
-        per_layer = []
+        problems = []
         for (q, k), (q_t, k_t), scale, teacher_scale in zip(student_qk, teacher_qk, student_scales, teacher_scales):
             # Under autocast the teacher may have run in another precision than the student did.
             if q_t.dtype != q.dtype:
                 q_t, k_t = q_t.to(q.dtype), k_t.to(q.dtype)
-            per_layer.append(
-                attention_kl(
-                    q, k, q_t, k_t,
-                    scale=scale,
-                    teacher_scale=teacher_scale,
-                    temperature=self.temperature,
-                    reduction="mean",
-                    backend=self.backend,
-                )
-            )
-        return self.alpha * torch.stack(per_layer).mean()
+            problems.append((q, k, q_t, k_t, scale, teacher_scale))
+        return self.alpha * self.layer_penalties(problems).mean()
+
+    def layer_penalties(
+        self, problems: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Any, Any]]
+    ) -> torch.Tensor:
+        """One unweighted penalty per distilled block: the mean KL over its query rows.
+
+        Args:
+            problems: per block ``(q, k, q_teacher, k_teacher, scale, teacher_scale)``,
+                the Q/K as in :meth:`penalty`, scales ``None`` for ``D**-0.5``.
+
+        Returns:
+            (L,) float32 tensor.
+        """
+        return torch.stack([
+            attention_kl(q, k, q_t, k_t, scale=scale, teacher_scale=teacher_scale, temperature=self.temperature,
+                         reduction="mean", backend=self.backend)
+            for q, k, q_t, k_t, scale, teacher_scale in problems
+        ])
 
     def _require_teacher(self) -> nn.Module:
         if self._teacher is None:
@@ -269,7 +277,7 @@ class AttentionDistiller:
         else:
             teacher_tensors = None
         return {
-            "format": STATE_FORMAT,
+            "format": self.state_format,
             "config": self._config(),
             "teacher_updates": self.teacher_updates,
             "teacher": teacher_tensors,
@@ -288,12 +296,12 @@ class AttentionDistiller:
         """
         if not isinstance(state, dict):
             raise TypeError(f"state must be a dict, got {type(state).__name__}")
-        if state.get("format") != STATE_FORMAT:
-            raise ValueError(f"state is not an AttentionDistiller state (format {state.get('format')!r})")
+        if state.get("format") != self.state_format:
+            raise ValueError(f"state is not a {type(self).__name__} state (format {state.get('format')!r})")
         if state["config"] != self._config():
             raise ValueError(
                 f"state was saved with {state['config']} but this distiller has {self._config()}; "
-                "construct it with the same alpha, layers, temperature and backend"
+                f"construct it with the same {', '.join(self._config())}"
             )
         teacher = state["teacher"]
         if teacher is not None and not (

@@ -32,13 +32,12 @@ from torch import nn
 
 from cl_streamkl.capture import LayerSpec, QKCapture, TeacherQK
 from cl_streamkl.strategies.distiller import AttentionDistiller
+from cl_streamkl.strategies.pooled_attention import PooledAttentionDistiller
 
 if TYPE_CHECKING:
     from avalanche.training.templates import SupervisedTemplate
 
-__all__ = ["StreamKLPlugin"]
-
-STATE_FORMAT = "cl_streamkl.StreamKLPlugin/1"
+__all__ = ["AttentionDistillationPlugin", "PADPlugin", "StreamKLPlugin"]
 
 
 def _version(minibatch: object) -> int:
@@ -46,41 +45,24 @@ def _version(minibatch: object) -> int:
     return getattr(minibatch, "_version", 0)
 
 
-class StreamKLPlugin(SupervisedPlugin):
-    """Distil the previous experience's attention into the current model (StreamKL).
+class AttentionDistillationPlugin(SupervisedPlugin):
+    """Avalanche adapter over an :class:`AttentionDistiller`: the callbacks and the state.
 
     First experience: no penalty. After every training experience the model is
-    snapshotted as a frozen teacher; on every later training iteration the teacher
-    runs under ``torch.no_grad()`` on ``strategy.mb_x`` and
-    ``alpha × mean_layers attention_kl(q_s, k_s, q_t, k_t, temperature=...,
-    reduction="mean")`` is added to ``strategy.loss`` before backward.
+    snapshotted as a frozen teacher; on every later training iteration the teacher runs
+    under ``torch.no_grad()`` on ``strategy.mb_x`` and the distiller's penalty is added
+    to ``strategy.loss`` before backward. :class:`StreamKLPlugin` and :class:`PADPlugin`
+    choose the distiller.
 
     Args:
-        alpha: penalty weight, >= 0.
-        layers: ``"all"``, an int n (the last n blocks) or a list of block indices.
-        temperature: softmax temperature, > 0.
-        backend: ``attention_kl`` backend (``"auto"``, ``"triton"``, ``"torch"``).
-        compile_teacher: run the teacher through ``torch.compile``: ``True`` or a
-            mapping of ``torch.compile`` keyword arguments (see
-            :class:`~cl_streamkl.strategies.distiller.AttentionDistiller`).
-
-    Raises:
-        TypeError / ValueError: bad arguments here; a model without capturable
-            attention or a layer index out of range when training starts.
+        distiller: does the work (teacher snapshot, Q/K capture, penalty).
     """
 
-    def __init__(
-        self,
-        alpha: float = 1.0,
-        layers: LayerSpec = "all",
-        temperature: float = 1.0,
-        backend: str = "auto",
-        compile_teacher: bool | Mapping[str, Any] = False,
-    ) -> None:
+    state_format = "cl_streamkl.AttentionDistillationPlugin/1"
+
+    def __init__(self, distiller: AttentionDistiller) -> None:
         super().__init__()
-        self.distiller = AttentionDistiller(
-            alpha=alpha, layers=layers, temperature=temperature, backend=backend, compile_teacher=compile_teacher
-        )
+        self.distiller = distiller
         self._capture: QKCapture | None = None
         # The teacher's Q/K of this iteration, the minibatch it ran on and that
         # minibatch's in-place version counter.
@@ -164,7 +146,7 @@ class StreamKLPlugin(SupervisedPlugin):
         read back with ``torch.load(path, weights_only=True)``.
         """
         return {
-            "format": STATE_FORMAT,
+            "format": self.state_format,
             "distiller": self.distiller.state_dict(),
             "last_penalty": self.last_penalty,
         }
@@ -182,8 +164,8 @@ class StreamKLPlugin(SupervisedPlugin):
         """
         if not isinstance(state, dict):
             raise TypeError(f"state must be a dict, got {type(state).__name__}")
-        if state.get("format") != STATE_FORMAT:
-            raise ValueError(f"state is not a StreamKLPlugin state (format {state.get('format')!r})")
+        if state.get("format") != self.state_format:
+            raise ValueError(f"state is not a {type(self).__name__} state (format {state.get('format')!r})")
         self._close_capture()
         self.distiller.load_state_dict(state["distiller"])
         self._last_penalty = float(state["last_penalty"])
@@ -192,9 +174,68 @@ class StreamKLPlugin(SupervisedPlugin):
         """Validate ``model`` and rebuild a restored teacher from its structure now."""
         self.distiller.attach(model)
 
+
+class StreamKLPlugin(AttentionDistillationPlugin):
+    """Distil the previous experience's attention into the current model (StreamKL).
+
+    The penalty is ``alpha × mean_layers attention_kl(q_s, k_s, q_t, k_t,
+    temperature=..., reduction="mean")``.
+
+    Args:
+        alpha: penalty weight, >= 0.
+        layers: ``"all"``, an int n (the last n blocks) or a list of block indices.
+        temperature: softmax temperature, > 0.
+        backend: ``attention_kl`` backend (``"auto"``, ``"triton"``, ``"torch"``).
+        compile_teacher: run the teacher through ``torch.compile``: ``True`` or a
+            mapping of ``torch.compile`` keyword arguments (see
+            :class:`~cl_streamkl.strategies.distiller.AttentionDistiller`).
+
+    Raises:
+        TypeError / ValueError: bad arguments here; a model without capturable
+            attention or a layer index out of range when training starts.
+    """
+
+    state_format = "cl_streamkl.StreamKLPlugin/1"
+
+    def __init__(
+        self,
+        alpha: float = 1.0,
+        layers: LayerSpec = "all",
+        temperature: float = 1.0,
+        backend: str = "auto",
+        compile_teacher: bool | Mapping[str, Any] = False,
+    ) -> None:
+        super().__init__(AttentionDistiller(
+            alpha=alpha, layers=layers, temperature=temperature, backend=backend, compile_teacher=compile_teacher
+        ))
+
     def __repr__(self) -> str:
         d = self.distiller
         return (
             f"StreamKLPlugin(alpha={d.alpha}, layers={d.layers!r}, temperature={d.temperature}, "
             f"backend={d.backend!r}, compile_teacher={d.compile_options is not None})"
         )
+
+
+class PADPlugin(AttentionDistillationPlugin):
+    """Pooled attention distillation (Pelosin et al. 2022), the published variant StreamKL is compared with.
+
+    The penalty is ``alpha ×`` the mean over the selected blocks of
+    :func:`~cl_streamkl.strategies.pooled_attention.pooled_attention_distance`, which
+    materialises every attention map: short token counts only.
+
+    Args:
+        alpha: penalty weight, >= 0.
+        layers: ``"all"``, an int n (the last n blocks) or a list of block indices.
+        compile_teacher: as for :class:`StreamKLPlugin`.
+    """
+
+    state_format = "cl_streamkl.PADPlugin/1"
+
+    def __init__(self, alpha: float = 1.0, layers: LayerSpec = "all",
+                 compile_teacher: bool | Mapping[str, Any] = False) -> None:
+        super().__init__(PooledAttentionDistiller(alpha=alpha, layers=layers, compile_teacher=compile_teacher))
+
+    def __repr__(self) -> str:
+        d = self.distiller
+        return f"PADPlugin(alpha={d.alpha}, layers={d.layers!r}, compile_teacher={d.compile_options is not None})"

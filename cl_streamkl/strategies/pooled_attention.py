@@ -11,10 +11,16 @@ O(B·H·Nq·Nk), so it suits short token counts only.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
-__all__ = ["pooled_attention_distance"]
+from cl_streamkl.capture import LayerSpec
+from cl_streamkl.strategies.distiller import AttentionDistiller
+
+__all__ = ["PooledAttentionDistiller", "pooled_attention_distance"]
 
 
 def _pooled_attention(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
@@ -60,3 +66,40 @@ def pooled_attention_distance(
     teacher = _pooled_attention(q_teacher, k_teacher,
                                 q_teacher.shape[-1] ** -0.5 if teacher_scale is None else teacher_scale)
     return (teacher - student).norm(dim=1).mean()
+
+
+class PooledAttentionDistiller(AttentionDistiller):
+    """:class:`~cl_streamkl.strategies.distiller.AttentionDistiller` with PAD as the per-block penalty.
+
+    The teacher snapshot, the Q/K capture and the state handling are the distiller's;
+    only the loss differs: ``alpha`` × the mean over the selected blocks of
+    :func:`pooled_attention_distance`.
+
+    Args:
+        alpha: weight of the penalty, >= 0.
+        layers: blocks to distil (``"all"``, an int n for the last n, or a list of indices).
+        compile_teacher: as for the distiller.
+    """
+
+    state_format = "cl_streamkl.PooledAttentionDistiller/1"
+
+    def __init__(self, alpha: float = 1.0, layers: LayerSpec = "all",
+                 compile_teacher: bool | Mapping[str, Any] = False) -> None:
+        super().__init__(alpha=alpha, layers=layers, compile_teacher=compile_teacher)
+
+    def layer_penalties(
+        self, problems: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Any, Any]]
+    ) -> torch.Tensor:
+        """One PAD value per distilled block, (L,) float32."""
+        return torch.stack([
+            pooled_attention_distance(q, k, q_t, k_t, scale=scale, teacher_scale=teacher_scale)
+            for q, k, q_t, k_t, scale, teacher_scale in problems
+        ])
+
+    def _config(self) -> dict[str, Any]:
+        return {"alpha": self.alpha,
+                "layers": list(self.layers) if isinstance(self.layers, (list, tuple)) else self.layers}
+
+    def __repr__(self) -> str:
+        return (f"PooledAttentionDistiller(alpha={self.alpha}, layers={self.layers!r}, "
+                f"compile_teacher={self.compile_options is not None}, teacher_updates={self.teacher_updates})")
