@@ -58,7 +58,10 @@ class Case:
     strided: bool = False
 
 
-CASES = [
+# The processes compute on the CPU: the triton backend needs the interpreter (set unless the
+# suite runs on CUDA, CL_STREAMKL_TEST_GPU=1; benchmarks/context_parallel_gpu.py covers CUDA).
+BACKENDS = ("torch", "triton") if os.environ.get("TRITON_INTERPRET") == "1" else ("torch",)
+ALL_CASES = [
     Case("torch-19+19", "torch", (19, 19)),
     Case("torch-10+27-mutual-T2-Dt8", "torch", (10, 27), d_teacher=8, mutual=True, temperature=2.0, scale=0.3),
     Case("torch-19+19-mean", "torch", (19, 19), reduction="mean"),
@@ -67,8 +70,10 @@ CASES = [
     # q and k as views of one permuted qkv tensor, as timm hands them over (Nq = Nk = 37).
     Case("triton-27+10-bf16-strided", "triton", (27, 10), dtype=torch.bfloat16, strided=True),
 ]
+CASES = [case for case in ALL_CASES if case.backend in BACKENDS]
 CASE_IDS = [case.name for case in CASES]
-SINGLE_RANK_CASES = (CASES[1], CASES[3])
+# One plain case per backend for the group of one rank.
+SINGLE_RANK_CASES = [next(case for case in CASES if case.backend == backend) for backend in BACKENDS]
 
 
 def make_inputs(case: Case) -> tuple[list[torch.Tensor], torch.Tensor]:

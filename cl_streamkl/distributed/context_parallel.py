@@ -207,6 +207,14 @@ def _shard_gradients(
     )
 
 
+def _summed_over_ranks(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    """``tensor`` all-reduced (SUM), made contiguous first: NCCL refuses other layouts, and a
+    gradient laid out like a strided input (timm's q/k views of one qkv tensor) is not contiguous."""
+    tensor = tensor.contiguous()
+    dist.all_reduce(tensor, group=group)
+    return tensor
+
+
 class _KeyShardedAttentionKL(torch.autograd.Function):
     """Per-row KL over the keys of every rank: forward merges row statistics, backward sums dq."""
 
@@ -231,9 +239,9 @@ class _KeyShardedAttentionKL(torch.autograd.Function):
         )
         # Every rank agreed on which inputs require grad, so all of them run the same collectives.
         if ctx.needs_input_grad[0]:
-            dist.all_reduce(grad_q, group=ctx.group)
+            grad_q = _summed_over_ranks(grad_q, ctx.group)
         if ctx.teacher_grad:
-            dist.all_reduce(grad_q_teacher, group=ctx.group)
+            grad_q_teacher = _summed_over_ranks(grad_q_teacher, ctx.group)
         return (
             grad_q.to(q.dtype),
             grad_k.to(k.dtype),
