@@ -312,7 +312,9 @@ def test_a_rank_outside_the_group_is_told_so(rank_results):
 
 
 ERRORS = {
-    "query rows differ": ("ValueError", "disagree on q's (B, H, Nq, Ds): rank 0 has (1, 2, 8, 8), rank 1 has (1, 2, 7, 8)"),
+    "query rows differ": (
+        "ValueError", "disagree on q's (B, H, Nq, Ds): rank 0 has (1, 2, 8, 8), rank 1 has (1, 2, 7, 8)"
+    ),
     "dtype differs": ("ValueError", "disagree on the dtype"),
     "temperature differs": ("ValueError", "disagree on (scale, teacher_scale) / temperature"),
     "requires_grad differs": ("ValueError", "disagree on which of (q, k, teacher) require grad"),
