@@ -1,66 +1,10 @@
 """Speed and memory of StreamKL against eager PyTorch, torch.compile and SDPA.
 
-Implementations, all timed on the same inputs in one process:
-
-* ``triton``   — ``attention_kl(..., backend="triton")``, the fused kernels.
-* ``torch``    — ``attention_kl(..., backend="torch")``, the PyTorch streaming backend.
-* ``eager``    — the usual distillation code: both score matrices materialised, fp32
-  ``log_softmax`` of each, ``F.kl_div(log_p_student, log_p_teacher, log_target=True)``
-  summed over keys and averaged over rows (``cl_streamkl.kernels.eager_attention_kl``).
-* ``compiled`` — ``torch.compile(eager_attention_kl, dynamic=False)``, recompiled for every
-  problem (``torch._dynamo.reset()``) so each shape gets its own static graph.
-* ``sdpa``     — ``F.scaled_dot_product_attention`` at the same (B, H, N, D), the speed of
-  light; the flash backend when it accepts the inputs, else memory-efficient, else math
-  (the row says which).
-
-The student's q, k require grad; the teacher's q, k do not (a frozen teacher). SDPA's q, k, v
-all require grad and its backward gets a random upstream gradient.
-
-Modes:
-
-* ``fwd``     — forward with autograd recording (as in training).
-* ``bwd``     — the forward runs once, untimed; the timed call is
-  ``backward(retain_graph=True)`` on that graph.
-* ``fwd+bwd`` — forward then backward.
-
-Timing: median of ``triton.testing.do_bench`` (``return_mode="median"``, gradients set to
-None before every call). The first call of each row runs untimed and its wall time is
-printed as ``first s``: it contains Triton autotuning and torch.compile compilation.
-
-FLOP counts behind the TFLOP/s-equivalent column (halved for causal):
-
-* KL implementations (triton, torch, eager, compiled): fwd = 2 QKᵀ products = 4·B·H·N²·D;
-  bwd = 4 products (the two score matrices recomputed, dQ = dS·K, dK = dSᵀ·Q) = 8·B·H·N²·D;
-  fwd+bwd = 12·B·H·N²·D. The same count is used for every KL implementation, whatever it
-  actually computes, so their TFLOP/s compare like their times.
-* SDPA: fwd = 2 products (QKᵀ, PV) = 4·B·H·N²·D; bwd = 5 products = 10·B·H·N²·D;
-  fwd+bwd = 14·B·H·N²·D (FlashAttention's convention).
-
-GPU time (``--gpu-time``, CUDA only): the summed device time of every kernel one call
-launches, from ``torch.profiler`` (column ``GPU ms``), and the speedup over torch.compile
-in that measure (``GPU vs comp``). Where the GPU work is shorter than the host's
-launch and autograd-engine overhead (ViT sizes), ``ms`` is what a caller waits and
-``GPU ms`` what the GPU actually spends.
-
-Peak extra memory (CUDA only): ``torch.cuda.max_memory_allocated`` during the row's work
-minus ``memory_allocated`` just before it, minus what the work legitimately leaves behind:
-the forward's output (fwd, fwd+bwd) and the input gradients (bwd, fwd+bwd). Inputs exist
-before the baseline is taken. For ``bwd`` the baseline already holds the forward's saved
-tensors, so the column is the backward's own workspace. ``fwd+bwd`` per (batch, head,
-query row) is column ``B/row``, to compare with StreamKL's target of 16 bytes per row.
-
-Before timing, every problem is checked: the selected KL implementations against the
-float64 reference on a problem of the same length (up to 16384), head dim and dtype with
-B = 1 and H ≤ 2 (H = 1 beyond 2048 tokens), relative RMS error of the per-row KL and of
-dQ, dK (upstream gradient random, not 1). Keeping the length keeps the autotuned tiles and
-the ragged tail of the timed problem.
-
-Out-of-memory is a result: the row prints ``OOM`` and the run goes on.
-
-Run time is mostly compilation: one static ``torch.compile`` graph per problem and, for the
-Triton kernels, autotuning per (length bucket, head dim, dtype, causal). Both caches live
-on disk, so a second run on the same machine is much faster. Results are printed and the
-``--json`` file rewritten after every problem, so a run cut short keeps what it measured.
+Times the forward, the backward and both of every implementation (``triton``, ``torch``,
+``eager``, ``compiled``, ``sdpa``: SDPA pinned to its flash backend, FlashAttention-2) on
+the same inputs in one process, with the extra memory per query row, after checking each
+problem against the float64 reference. BENCHMARKS.md (Method) says what each column
+measures; its kernel tables come from this script.
 
 Examples (from the repository root, with the package installed: ``pip install -e .``)::
 
@@ -122,6 +66,9 @@ CHECK_ONE_HEAD_FROM_SEQ = 2049
 # bfloat16 rounding of the scores (eager) or of dQ/dK (every implementation) stays near 1e-2.
 CHECK_BOUNDS = {torch.float32: 1e-3, torch.float16: 2e-2, torch.bfloat16: 5e-2}
 
+# Matrix products (each 2·B·H·N²·D FLOP) per call behind the TFLOP/s-equivalent column. Every
+# KL implementation gets the KL count (fwd: QKᵀ of student and teacher; bwd: both recomputed,
+# dQ = dS·K, dK = dSᵀ·Q), whatever it actually computes; SDPA gets FlashAttention's.
 KL_FLOP_PRODUCTS = {"fwd": 2, "bwd": 4, "fwd+bwd": 6}
 SDPA_FLOP_PRODUCTS = {"fwd": 2, "bwd": 5, "fwd+bwd": 7}
 
@@ -150,7 +97,7 @@ class Problem:
         return next(name for name, dtype in DTYPES.items() if dtype == self.dtype)
 
     def flops(self, impl: str, mode: str) -> float:
-        """FLOP-equivalent of one call, per the counts in the module docstring."""
+        """FLOP-equivalent of one call, per the product counts above (halved for causal)."""
         products = (SDPA_FLOP_PRODUCTS if impl == "sdpa" else KL_FLOP_PRODUCTS)[mode]
         flops = 2.0 * products * self.batch * self.heads * self.seq**2 * self.head_dim
         return flops / 2 if self.causal else flops

@@ -1,17 +1,12 @@
 """Context parallelism on GPUs: attention_kl_key_sharded over keys split across ranks vs one GPU.
 
 For each N (default 65536 and 131072), inputs (1, 12, N, 64) bf16 with a frozen teacher; every
-rank holds all queries and N / world keys. Checks, on rank 0: the sharded per-row KL, dq and
-(gathered) dk against ``attention_kl`` of the whole problem on one GPU, and the sharded and
-one-GPU KL and dq against the float64 reference on a subsample of query rows. Then times the
-forward and forward+backward (median of fixed repetitions, the slowest rank's) and reads the
-peak memory per GPU (inputs + the call's peak extra allocation), sharded and on one GPU.
-
-Repetitions are fixed, not ``triton.testing.do_bench``'s: do_bench picks its count from each
-rank's own estimate, and ranks that run different numbers of collectives hang. The kernels use
-the heuristic tiles (CL_STREAMKL_AUTOTUNE=0 unless set): autotuning the long length buckets
-would take far longer than the run. Out of memory on one GPU is reported as OOM; in the sharded
-run it ends the job (the other ranks are waiting in a collective).
+rank holds all queries and N / world keys. Checks the sharded KL and gradients against one GPU
+and float64, then times both (fixed repetitions, the slowest rank's) and reads the peak memory
+per GPU. The kernels use the heuristic tiles (CL_STREAMKL_AUTOTUNE=0 unless set); why, and why
+fixed repetitions: BENCHMARKS.md (Method, Several GPUs).
+Out of memory on one GPU is reported as OOM; in the sharded run it ends the job (the other
+ranks are waiting in a collective).
 
 Usage, from the repository root (NCCL, one GPU per rank; exits 1 if a check fails):
     torchrun --nproc_per_node 2 benchmarks/context_parallel_gpu.py [--json out.json]

@@ -1,50 +1,12 @@
 """Attention distillation on real ViT training steps: step time, memory, largest batch.
 
-A timm ViT-B/16 (random init) trains with AdamW under bf16 autocast on random images and
-labels at image sizes 224, 512 and 1024 (197, 1025 and 4097 tokens). Every step is one of:
+Trains a timm ViT-B/16 at 197, 1025 and 4097 tokens with (a) no distillation, (b) the usual
+penalty materialising both attention maps, (c) StreamKL triton, (d) StreamKL torch and, on
+request, (t) the teacher's forward without a penalty; checks that the penalties agree,
+times a step at a fixed batch and searches the largest batch that fits. BENCHMARKS.md
+(Method, Training steps) describes the set-up and the three phases.
 
-* ``none``   — (a) cross-entropy only, no distillation.
-* ``eager``  — (b) cross-entropy + the attention-KL penalty over all 12 blocks computed the
-  usual way: the distiller's own Q/K captures of student and frozen teacher, then both
-  attention maps materialised (``cl_streamkl.kernels.eager_attention_kl``: fp32
-  log-softmax of each score matrix, ``F.kl_div``).
-* ``triton`` — (c) the same penalty from ``AttentionDistiller(backend="triton")``.
-* ``torch``  — (d) the same penalty from ``AttentionDistiller(backend="torch")``.
-
-One more method on request (``--methods``), to take (c) apart:
-
-* ``teacher`` — (t) what (c) does except the penalty: the student's Q/K capture and the
-  teacher's forward, but a zero penalty. (c) − (t) is the cost of the twelve penalties.
-
-With ``--compile-teacher`` every distilling method, (b) included, gets the frozen teacher
-through ``torch.compile`` (``AttentionDistiller(compile_teacher=True)``); (a) has no
-teacher and is unchanged. ``--compile-teacher reduce-overhead`` (or another
-``torch.compile`` mode) passes ``compile_teacher={"mode": ...}`` instead.
-
-The penalty is ``alpha`` times the mean over blocks of the row-averaged
-KL(P_teacher ‖ P_student); the teacher is a frozen snapshot of the student taken before
-the first step.
-
-Three phases, results printed as they come:
-
-1. Penalty check per image size: a student perturbed away from its teacher, one batch of
-   ``--check-batch`` images; the penalties of (b), (c), (d) must agree pairwise to
-   ``--check-rtol`` (relative). A float64 reference on the same captured Q/K is printed
-   beside them to show which one is off.
-2. Timing per (image size, method) at a fixed batch (default 64 / 16 / 4, about 16k tokens
-   per step): median step time over ``--steps`` steps after ``--warmup-steps`` steps (the
-   warm-up includes Triton autotuning), and peak device memory (``max_memory_allocated``
-   over the timed steps: weights, AdamW state, teacher and activations).
-3. Largest batch that fits per (image size, method): from an estimate (timing batch ×
-   device memory / its peak), doubling or halving until the limit is bracketed, then
-   bisection until the gap is at most 1/32 of the batch; each probe runs
-   ``--probe-steps`` steps. Sizes are searched from the longest sequence down, each search
-   with a fair share of what is left of ``--time-budget-s``; a search cut short reports
-   ``>=`` its best batch so far, and one that fits ``--max-batch`` reports ``>=`` too.
-
-Out-of-memory is a result (``OOM``), never a crash.
-
-Examples::
+Examples (from the repository root, with the package installed: ``pip install -e .``)::
 
     python benchmarks/e2e_distillation.py --json e2e.json --plot e2e.png
     python benchmarks/e2e_distillation.py --device cpu --tiny --methods none eager torch

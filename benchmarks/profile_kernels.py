@@ -1,19 +1,9 @@
 """Where a StreamKL call spends its time: GPU kernel time against the time a caller waits.
 
-For each shape, prints the do_bench median of a forward and of a forward+backward
-(what the caller sees, host overhead included when the GPU work is short) beside the
-summed device time of every kernel the call launched, from torch.profiler. A large
-gap between the two means the call is host-bound (launch and dispatch overhead).
-
-With --host-breakdown, also prints the host time per call of each layer of the call
-stack (allocation, one kernel launch, the launchers, the autograd wrapper, the public
-function, a full forward+backward, the autograd engine alone), measured as the wall time
-of calls queued without synchronising, so it excludes GPU time while the GPU keeps up;
-the launch layers are timed with and without compiled-kernel replay
-(``cl_streamkl.kernels.triton.launch_cache``).
-
-With --host-profile, also prints the Python functions that take the host's time in
-one forward+backward (cProfile, sorted by own time).
+Per shape, the do_bench median of a forward and of a forward+backward beside the summed
+kernel time of the same call (torch.profiler); ``--host-breakdown`` adds the host time per
+call of each layer of the call stack, with and without compiled-kernel replay, and
+``--host-profile`` a cProfile of one forward+backward. See BENCHMARKS.md (Method).
 
 Usage (from the repository root, with the package installed: ``pip install -e .``):
 python benchmarks/profile_kernels.py [--shapes 32x12x197x64 8x12x1024x64] [--host-breakdown] [--host-profile]

@@ -1,21 +1,10 @@
 """Where a distillation training step spends its time.
 
-Two tables, same model and set-up as ``e2e_distillation.py`` (timm ViT-B/16, random
-init, bf16 autocast, AdamW, all 12 blocks distilled):
-
-1. ``--teacher``: one frozen-teacher forward (no grad, all blocks' Q/K) per variant:
-   ``eager-full`` (plain forward, no capture), ``eager`` (the distiller's eager capture),
-   ``compiled`` (``compile_teacher=True``) and, with ``--compile-mode``, a compiled one
-   in that ``torch.compile`` mode. Median time (``triton.testing.do_bench`` on CUDA)
-   and the memory the forward adds, after a first call that is timed separately (compile
-   time).
-2. Per step method: the median wall time of a training step, and on CUDA the summed
-   kernel time per step (torch.profiler), the GPU's idle time (wall − kernels) and the
-   kernel time by category. Methods are ``e2e_distillation.py``'s (``none``, ``teacher``,
-   ``triton``, ...) plus ``capture`` (the student's Q/K capture alone, zero penalty) and
-   ``capture-full`` (the same with every forward watched in full:
-   ``cl_streamkl.capture.graph_reads_disabled``). ``--gaps`` also lists, per method, the
-   host operation running in the middle of each GPU idle gap over 50 µs.
+Same model and set-up as ``e2e_distillation.py``. ``--teacher`` times one frozen-teacher
+forward per variant (eager, compiled, another compile mode); per step method it prints the
+median wall time and, on CUDA, the summed kernel time, the GPU's idle time and the kernel
+time by category (``--gaps``: what the host was doing in the longest idle gaps).
+BENCHMARKS.md (Method, Training steps) describes the variants and methods.
 
 Examples (from the repository root, with the package installed: ``pip install -e .``)::
 

@@ -4,8 +4,8 @@ The CPU interpreter that the other tests use never runs Triton's compiler, so a
 kernel that the interpreter accepts can still fail to compile for a real GPU
 (a runtime condition where a compile-time one is needed, a tile shape tl.dot
 refuses, ...). Triton's compiler and ptxas ship with the triton wheel and need no
-GPU, so this test compiles each kernel for sm_90 in a fresh process (the test
-session itself runs with TRITON_INTERPRET=1).
+GPU, so this test compiles each kernel for sm_90 in a fresh process (pytest
+itself runs with TRITON_INTERPRET=1).
 
 Run directly (``python tests/test_hopper_compile.py``) it prints one line per kernel.
 """

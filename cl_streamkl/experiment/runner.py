@@ -49,7 +49,7 @@ class RunResult:
             accuracy of the shared head); empty in other scenarios.
         penalties: attention-distillation penalty (StreamKL or PAD) after every training
             iteration (empty without one).
-        wall_time_s: training plus evaluation time, summed over sessions when resumed.
+        wall_time_s: training plus evaluation time, summed across the runs of a resumed experiment.
         peak_memory_mb: CUDA peak allocated memory on GPU; on CPU the process's peak
             resident set size so far (an upper bound shared by earlier runs).
     """
