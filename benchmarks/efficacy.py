@@ -276,6 +276,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--strategies", nargs="+", help="override the regime's strategies (for a quick check)")
     parser.add_argument("--out", type=Path, help="folder for the runs (default: runs/efficacy-<regime>)")
     parser.add_argument("--json", type=Path, help="write the report here (e.g. benchmarks/results/...)")
+    parser.add_argument("--commit", help="commit to record when the tree has no .git (default: git rev-parse)")
     return parser.parse_args(argv)
 
 
@@ -291,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from _harness.report import describe_environment
 
-    environment = describe_environment(torch.device(args.device))
+    environment = describe_environment(torch.device(args.device), args.commit)
     start = time.perf_counter()
     context = multiprocessing.get_context("spawn")
     report: dict[str, Any] = {"regime": args.regime, "settings": settings, "environment": environment,
