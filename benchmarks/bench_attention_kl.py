@@ -1,8 +1,9 @@
 """Speed and memory of StreamKL against eager PyTorch, torch.compile and SDPA.
 
 Times the forward, the backward and both of every implementation (``triton``, ``torch``,
-``eager``, ``compiled``, ``sdpa``: SDPA pinned to its flash backend, FlashAttention-2) on
-the same inputs in one process, with the extra memory per query row, after checking each
+``eager``, ``compiled``; ``sdpa``: SDPA's default backend, the fastest attention a user gets,
+cuDNN attention on Hopper, named in each row; ``sdpa_fa2``: SDPA pinned to its flash
+backend, FlashAttention-2) on the same inputs in one process, with the extra memory per query row, after checking each
 problem against the float64 reference. BENCHMARKS.md (Method) says what each column
 measures; its kernel tables come from this script.
 
@@ -35,7 +36,11 @@ from cl_streamkl import attention_kl, attention_kl_reference
 from cl_streamkl.kernels import eager_attention_kl
 from cl_streamkl.kernels.triton import INTERPRETING, KERNEL_LAUNCHERS
 
-IMPLEMENTATIONS = ("triton", "torch", "eager", "compiled", "sdpa")
+IMPLEMENTATIONS = ("triton", "torch", "eager", "compiled", "sdpa", "sdpa_fa2")
+SDPA_IMPLEMENTATIONS = ("sdpa", "sdpa_fa2")
+# torch._fused_sdp_choice's answer → the backend's name (torch.nn.attention.SDPBackend order).
+_SDPA_CHOICES = {int(b): name.lower().removesuffix("_attention") for name, b in SDPBackend.__members__.items()
+                 if name not in ("ERROR", "OVERRIDEABLE")}
 MODES = ("fwd", "bwd", "fwd+bwd")
 
 DEFAULT_SHAPES: tuple[Shape, ...] = (
@@ -98,7 +103,7 @@ class Problem:
 
     def flops(self, impl: str, mode: str) -> float:
         """FLOP-equivalent of one call, per the product counts above (halved for causal)."""
-        products = (SDPA_FLOP_PRODUCTS if impl == "sdpa" else KL_FLOP_PRODUCTS)[mode]
+        products = (SDPA_FLOP_PRODUCTS if impl in SDPA_IMPLEMENTATIONS else KL_FLOP_PRODUCTS)[mode]
         flops = 2.0 * products * self.batch * self.heads * self.seq**2 * self.head_dim
         return flops / 2 if self.causal else flops
 
@@ -119,6 +124,7 @@ class Row:
     first_call_s: float | None
     backend: str = ""
     ratio_to_sdpa: float | None = None
+    ratio_to_fa2: float | None = None
     speedup_vs_eager: float | None = None
     speedup_vs_compiled: float | None = None
     gpu_ms: float | None = None
@@ -191,6 +197,12 @@ def make_inputs(problem: Problem, device: torch.device, seed: int = 0) -> dict[s
     }
 
 
+def _default_sdpa_backend(inputs: dict[str, torch.Tensor], causal: bool) -> str:
+    """The backend F.scaled_dot_product_attention picks for these inputs when left alone."""
+    choice = torch._fused_sdp_choice(inputs["q"], inputs["k"], inputs["v"], is_causal=causal)
+    return _SDPA_CHOICES.get(int(choice), f"backend {int(choice)}")
+
+
 def _pick_sdpa_backend(inputs: dict[str, torch.Tensor], causal: bool) -> SDPBackend:
     # Eligibility depends on dtype, head dim and device, not on N, so a tiny slice decides.
     q, k, v = (inputs[name][:1, :1, :16] for name in ("q", "k", "v"))
@@ -239,12 +251,14 @@ def make_workload(impl: str, problem: Problem, inputs: dict[str, torch.Tensor]) 
             forward=lambda: compiled(q, k, q_teacher, k_teacher, causal=causal),
             backward=_backward_scalar,
         )
-    if impl == "sdpa":
-        backend = _pick_sdpa_backend(inputs, causal)
+    if impl in SDPA_IMPLEMENTATIONS:
+        pinned = _pick_sdpa_backend(inputs, causal) if impl == "sdpa_fa2" else None
         grad_out = inputs["grad_out"]
 
         def forward() -> torch.Tensor:
-            with sdpa_kernel(backend):
+            if pinned is None:
+                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            with sdpa_kernel(pinned):
                 return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
 
         def backward(output: torch.Tensor, retain_graph: bool) -> None:
@@ -254,7 +268,8 @@ def make_workload(impl: str, problem: Problem, inputs: dict[str, torch.Tensor]) 
             leaves=[q, k, v],
             forward=forward,
             backward=backward,
-            backend=backend.name.lower().removesuffix("_attention"),
+            backend=(_default_sdpa_backend(inputs, causal) if pinned is None
+                     else pinned.name.lower().removesuffix("_attention")),
         )
     raise ValueError(f"impl must be one of {IMPLEMENTATIONS}, got {impl!r}")
 
@@ -355,8 +370,9 @@ def add_ratios(rows: list[Row]) -> None:
     for row in rows:
         if row.oom:
             continue
-        sdpa, eager, compiled = (times.get((name, row.mode)) for name in ("sdpa", "eager", "compiled"))
+        sdpa, fa2, eager, compiled = (times.get((name, row.mode)) for name in ("sdpa", "sdpa_fa2", "eager", "compiled"))
         row.ratio_to_sdpa = row.ms / sdpa if sdpa else None
+        row.ratio_to_fa2 = row.ms / fa2 if fa2 else None
         row.speedup_vs_eager = eager / row.ms if eager else None
         row.speedup_vs_compiled = compiled / row.ms if compiled else None
     gpu_times = {(row.impl, row.mode): row.gpu_ms for row in rows}
@@ -442,7 +458,7 @@ def benchmark_problem(
 
 
 COLUMNS = (
-    ("impl", 14),
+    ("impl", 18),
     ("mode", 7),
     ("shape", 13),
     ("dtype", 5),
@@ -452,6 +468,7 @@ COLUMNS = (
     ("extra MiB", 10),
     ("B/row", 8),
     ("xSDPA", 6),
+    ("xFA2", 6),
     ("vs eager", 8),
     ("vs compiled", 11),
     ("first s", 8),
@@ -469,7 +486,7 @@ def format_row(row: Row) -> str:
     """One aligned table line; ratios are time/SDPA time, speedups baseline time/time."""
     impl = f"{row.impl}/{row.backend}" if row.backend else row.impl
     if row.oom:
-        measured = ["OOM"] + ["-"] * 9
+        measured = ["OOM"] + ["-"] * 10
     else:
         measured = [
             cell(row.ms, ".3f"),
@@ -477,6 +494,7 @@ def format_row(row: Row) -> str:
             cell(row.extra_mib, ".1f"),
             cell(row.extra_bytes_per_row, ".1f"),
             cell(row.ratio_to_sdpa, ".2f"),
+            cell(row.ratio_to_fa2, ".2f"),
             cell(row.speedup_vs_eager, ".2f"),
             cell(row.speedup_vs_compiled, ".2f"),
             cell(row.first_call_s, ".1f"),

@@ -56,18 +56,21 @@ def test_benchmark_problem_fills_ratios_and_reports_oom(monkeypatch):
         return real_measure(workload, impl, problem, mode, device, warmup_ms, rep_ms, gpu_time)
 
     monkeypatch.setattr(bench, "measure_row", measure_or_oom)
-    rows = bench.benchmark_problem(TINY, ["torch", "eager", "sdpa"], bench.MODES, CPU)
+    rows = bench.benchmark_problem(TINY, ["torch", "eager", "sdpa", "sdpa_fa2"], bench.MODES, CPU)
     by_key = {(row.impl, row.mode): row for row in rows}
-    assert len(by_key) == 9
+    assert len(by_key) == 12
 
     oom = by_key["eager", "fwd+bwd"]
     assert oom.oom and "OOM" in bench.format_row(oom)
     assert by_key["torch", "fwd+bwd"].speedup_vs_eager is None
 
     sdpa, torch_fwd, eager_fwd = by_key["sdpa", "fwd"], by_key["torch", "fwd"], by_key["eager", "fwd"]
-    assert sdpa.backend in ("flash", "efficient", "math")
-    assert sdpa.ratio_to_sdpa == pytest.approx(1.0)
+    # the default backend is the one SDPA picks by itself (on the CPU: flash or math)
+    assert sdpa.backend in ("flash", "efficient", "math", "cudnn")
+    assert by_key["sdpa_fa2", "fwd"].backend in ("flash", "efficient", "math")
+    assert sdpa.ratio_to_sdpa == pytest.approx(1.0) and by_key["sdpa_fa2", "fwd"].ratio_to_fa2 == pytest.approx(1.0)
     assert torch_fwd.ratio_to_sdpa == pytest.approx(torch_fwd.ms / sdpa.ms)
+    assert torch_fwd.ratio_to_fa2 == pytest.approx(torch_fwd.ms / by_key["sdpa_fa2", "fwd"].ms)
     assert torch_fwd.speedup_vs_eager == pytest.approx(eager_fwd.ms / torch_fwd.ms)
     assert torch_fwd.speedup_vs_compiled is None
 
