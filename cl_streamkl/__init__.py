@@ -1,6 +1,6 @@
 """cl-streamkl: streaming attention-KL distillation for continual learning with vision transformers."""
 
-from cl_streamkl.attention_kl import AttentionKLDivLoss, attention_kl
+from cl_streamkl.attention_kl import AttentionKLDivLoss, attention_kl, attention_kl_grouped
 from cl_streamkl.capture import QKCapture, register_qk_extractor
 from cl_streamkl.compiled_capture import CompiledQK, TeacherQK
 from cl_streamkl.kernels.reference import attention_kl_reference
@@ -14,6 +14,7 @@ __all__ = [
     "TeacherQK",
     "__version__",
     "attention_kl",
+    "attention_kl_grouped",
     "attention_kl_reference",
     "register_qk_extractor",
 ]
