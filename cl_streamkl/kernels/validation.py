@@ -190,7 +190,7 @@ def _per_problem_scales(name: str, value: object, count: int) -> list[float | No
     """``scales`` / ``teacher_scales`` of :func:`check_grouped_inputs` as one entry per problem."""
     if value is None or (isinstance(value, Real) and not isinstance(value, bool)):
         return [value] * count
-    if isinstance(value, torch.Tensor) or not isinstance(value, Sequence):
+    if isinstance(value, (torch.Tensor, str, bytes)) or not isinstance(value, Sequence):
         raise TypeError(f"{name} must be None, a number or a sequence of {count} numbers or None, "
                         f"got {type(value).__name__}")
     if len(value) != count:

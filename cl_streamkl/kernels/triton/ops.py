@@ -202,8 +202,16 @@ def _grouped_setup_context(ctx, inputs, output):
     _save_for_backward(ctx, interleaved, output, tuple(options))
 
 
+def _per_problem(ctx, grads: tuple) -> list[list[torch.Tensor | None]]:
+    """The four roles' gradients as lists over problems, None where a role gets none."""
+    problems = len(ctx.options[0])
+    return [[None] * problems if role is None else role for role in grads]
+
+
 def _grouped_op_backward(ctx, grad_rows, _grad_lse_student, _grad_lse_teacher):
-    return *_gradients(ctx, grad_rows, attention_kl_grouped_bwd_op, grouped=True), None, None, None
+    # A list input takes a list of gradients, one (or None) per tensor.
+    grads = _gradients(ctx, grad_rows, attention_kl_grouped_bwd_op, grouped=True)
+    return *_per_problem(ctx, grads), None, None, None
 
 
 attention_kl_grouped_fwd_op.register_autograd(_grouped_op_backward, setup_context=_grouped_setup_context)
@@ -245,10 +253,8 @@ class _GroupedAttentionKLFunction(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_rows):
-        grads = _gradients(ctx, grad_rows, launch_grouped_backward, grouped=True)
-        problems = len(ctx.options[0])
-        per_role = [[None] * problems if role is None else role for role in grads]
-        return None, None, None, *(grad for problem in zip(*per_role) for grad in problem)
+        grads = _per_problem(ctx, _gradients(ctx, grad_rows, launch_grouped_backward, grouped=True))
+        return None, None, None, *(grad for problem in zip(*grads) for grad in problem)
 
 
 def attention_kl_rows_triton(
