@@ -81,7 +81,9 @@ def compile_for_hopper(case: Case):
         "BLOCK_DT": 64,
     }
     if case.kind != "fwd":
-        constants.update(TEACHER_GRAD=True, GRAD_AFTER_DOT=case.grad_after_dot)
+        constants["TEACHER_GRAD"] = True
+    if case.kind == "dq":
+        constants["GRAD_AFTER_DOT"] = case.grad_after_dot
     if case.grouped:
         constants.update(ELEMENT=tl.bfloat16, ALIGNED=True)
     # Integer arguments Triton would not see as divisible by 16 at 32x12x197x64.

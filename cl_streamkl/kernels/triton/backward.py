@@ -175,7 +175,7 @@ def _attention_kl_bwd_dq_kernel(
     CAUSAL: tl.constexpr,
     TEACHER_GRAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    GRAD_AFTER_DOT: tl.constexpr,  # dq kernels: multiply by g per row after the key loop
+    GRAD_AFTER_DOT: tl.constexpr,  # multiply by g per row after the key loop, not per score
     POLY_EXP2_DEGREE: tl.constexpr,  # 0: every exponential on the MUFU; see common.teacher_exp2
     POLY_EXP2_SPLITS: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -351,7 +351,6 @@ def _attention_kl_bwd_dk_kernel(
     CAUSAL: tl.constexpr,
     TEACHER_GRAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    GRAD_AFTER_DOT: tl.constexpr,  # unused here: g varies along a key's column
     POLY_EXP2_DEGREE: tl.constexpr,
     POLY_EXP2_SPLITS: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -380,7 +379,7 @@ def _attention_kl_grouped_bwd_dk_kernel(
     batch_size, num_heads, n_q, n_k, d_s, d_t,  # shared by all L problems
     N_Q_BUCKET, N_K_BUCKET,
     ELEMENT: tl.constexpr, ALIGNED: tl.constexpr,  # the inputs' dtype; see common.table_rows
-    CAUSAL: tl.constexpr, TEACHER_GRAD: tl.constexpr, DOT_PRECISION: tl.constexpr, GRAD_AFTER_DOT: tl.constexpr,
+    CAUSAL: tl.constexpr, TEACHER_GRAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
     POLY_EXP2_DEGREE: tl.constexpr, POLY_EXP2_SPLITS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DS: tl.constexpr, BLOCK_DT: tl.constexpr,
 ):

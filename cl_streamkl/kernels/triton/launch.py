@@ -117,17 +117,12 @@ def _forward_constants(dtype: torch.dtype, d_s: int, d_t: int, causal: bool) -> 
     )
 
 
-def _backward_constants(dtype: torch.dtype, d_s: int, d_t: int, causal: bool, teacher_grad: bool) -> dict:
+def _backward_constants(dtype: torch.dtype, d_s: int, d_t: int, causal: bool, teacher_grad: bool) -> tuple[dict, dict]:
+    """Compile-time constants of the dq kernel and of the dk kernel."""
     variant = kernel_variant()
-    return dict(
-        CAUSAL=causal,
-        TEACHER_GRAD=teacher_grad,
-        DOT_PRECISION=_dot_precision(dtype),
-        GRAD_AFTER_DOT=variant.dq_grad_after_dot,
-        **variant.exp2_constants(backward=True, dtype=dtype),
-        BLOCK_DS=block_dim(d_s),
-        BLOCK_DT=block_dim(d_t),
-    )
+    common = dict(CAUSAL=causal, TEACHER_GRAD=teacher_grad, DOT_PRECISION=_dot_precision(dtype))
+    tail = dict(**variant.exp2_constants(backward=True, dtype=dtype), BLOCK_DS=block_dim(d_s), BLOCK_DT=block_dim(d_t))
+    return {**common, "GRAD_AFTER_DOT": variant.dq_grad_after_dot, **tail}, {**common, **tail}
 
 
 def launch_forward(
@@ -240,15 +235,15 @@ def launch_backward(
             length_bucket(n_k),
         )
 
-    constants = _backward_constants(q.dtype, d_s, d_t, causal, teacher_grad)
+    dq_constants, dk_constants = _backward_constants(q.dtype, d_s, d_t, causal, teacher_grad)
     options = launch_options("bwd", d_s, d_t, q.dtype)
     with _device_guard(q):
         BACKWARD_DQ_LAUNCHER(
-            arguments(grad_q, grad_q_teacher), constants, options,
+            arguments(grad_q, grad_q_teacher), dq_constants, options,
             length=n_q, batch_heads=batch * heads, block="BLOCK_M",
         )
         BACKWARD_DK_LAUNCHER(
-            arguments(grad_k, grad_k_teacher), constants, options,
+            arguments(grad_k, grad_k_teacher), dk_constants, options,
             length=n_k, batch_heads=batch * heads, block="BLOCK_N",
         )
     if teacher_grad:
@@ -385,16 +380,17 @@ def launch_grouped_backward(
         table, grad_rows, row_kl, lse_student, lse_teacher, *grad_rows.stride(),
         batch, heads, n_q, n_k, d_s, d_t, length_bucket(n_q), length_bucket(n_k),
     )
-    constants = dict(
-        ELEMENT=_TRITON_DTYPES[q[0].dtype],
-        ALIGNED=aligned,
-        **_backward_constants(q[0].dtype, d_s, d_t, causal, teacher_grad),
-    )
+    table_constants = dict(ELEMENT=_TRITON_DTYPES[q[0].dtype], ALIGNED=aligned)
+    dq_constants, dk_constants = _backward_constants(q[0].dtype, d_s, d_t, causal, teacher_grad)
     options = launch_options("bwd", d_s, d_t, q[0].dtype)
     programs = len(q) * batch * heads
     with _device_guard(q[0]):
-        GROUPED_BACKWARD_DQ_LAUNCHER(arguments, constants, options, length=n_q, batch_heads=programs, block="BLOCK_M")
-        GROUPED_BACKWARD_DK_LAUNCHER(arguments, constants, options, length=n_k, batch_heads=programs, block="BLOCK_N")
+        GROUPED_BACKWARD_DQ_LAUNCHER(
+            arguments, {**table_constants, **dq_constants}, options, length=n_q, batch_heads=programs, block="BLOCK_M"
+        )
+        GROUPED_BACKWARD_DK_LAUNCHER(
+            arguments, {**table_constants, **dk_constants}, options, length=n_k, batch_heads=programs, block="BLOCK_N"
+        )
     grads = grad_q + grad_k
     if teacher_grad:
         grads += grad_q_teacher + grad_k_teacher
