@@ -145,15 +145,8 @@ def attention_kl_grouped(
         >>> attention_kl_grouped(blocks).shape
         torch.Size([12])
     """
-    checked = check_grouped_inputs(
-        problems,
-        scales=scales,
-        teacher_scales=teacher_scales,
-        temperature=temperature,
-        causal=causal,
-        reduction=reduction,
-        backend=backend,
-    )
+    options = dict(temperature=temperature, causal=causal, reduction=reduction, backend=backend)
+    checked = check_grouped_inputs(problems, scales=scales, teacher_scales=teacher_scales, **options)
     if _resolve_backend(backend, problems[0][0].device) == "triton":
         from cl_streamkl.kernels.triton import attention_kl_rows_triton_grouped
 

@@ -4,8 +4,8 @@ The CPU interpreter that the other tests use never runs Triton's compiler, so a
 kernel that the interpreter accepts can still fail to compile for a real GPU
 (a runtime condition where a compile-time one is needed, a tile shape tl.dot
 refuses, ...). Triton's compiler and ptxas ship with the triton wheel and need no
-GPU, so this test compiles each kernel for sm_90 in a fresh process (the test
-session itself runs with TRITON_INTERPRET=1): the one-problem and the grouped kernels,
+GPU, so this test compiles each kernel for sm_90 in a fresh process (the pytest
+process itself runs with TRITON_INTERPRET=1): the one-problem and the grouped kernels,
 causal and not, and every arithmetic variant (``kernels/triton/variants.py``).
 
 Arguments are specialised as Triton specialises a launch on timm's q/k views (addresses and
@@ -67,8 +67,12 @@ def compile_for_hopper(case: Case):
     from cl_streamkl.kernels.triton import backward, forward
     from cl_streamkl.kernels.triton.variants import EXP2_VARIANTS
 
-    name = {"fwd": "fwd", "dq": "bwd_dq", "dk": "bwd_dk"}[case.kind]
-    kernel = getattr(forward if case.kind == "fwd" else backward, f"_attention_kl_{'grouped_' * case.grouped}{name}_kernel")
+    if case.kind == "fwd":
+        kernel = forward._attention_kl_grouped_fwd_kernel if case.grouped else forward._attention_kl_fwd_kernel
+    elif case.grouped:
+        kernel = backward._attention_kl_grouped_bwd_kernel  # both sides, by KEY_SIDE
+    else:
+        kernel = backward._attention_kl_bwd_dq_kernel if case.kind == "dq" else backward._attention_kl_bwd_dk_kernel
     degree, splits = EXP2_VARIANTS[case.exp2]
     constants = {
         "CAUSAL": case.causal,
@@ -82,10 +86,12 @@ def compile_for_hopper(case: Case):
     }
     if case.kind != "fwd":
         constants["TEACHER_GRAD"] = True
-    if case.kind == "dq":
+    if case.kind == "dq" or (case.grouped and case.kind == "dk"):
         constants["GRAD_AFTER_DOT"] = case.grad_after_dot
     if case.grouped:
         constants.update(ELEMENT=tl.bfloat16, ALIGNED=True)
+        if case.kind != "fwd":
+            constants["KEY_SIDE"] = case.kind == "dk"
     # Integer arguments Triton would not see as divisible by 16 at 32x12x197x64.
     odd_integers = {"num_heads", "n_q", "n_k", "batch_size", "stride_gl"}
     float32_pointers = {"ROW_KL", "LSE_S", "LSE_T", "GRAD"}

@@ -169,6 +169,27 @@ def test_replayed_grouped_kernels_match_launches_through_triton(monkeypatch, tea
         assert torch.equal(a, b) and torch.equal(a, c)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need CUDA")
+def test_grouped_forward_replays_from_a_cuda_graph():
+    """The address table's host copy outlives the capture, so replays read the graph's inputs."""
+    from cl_streamkl import attention_kl_grouped
+
+    torch.manual_seed(0)
+    problems = [[torch.randn(2, 3, 197, 64, device="cuda", dtype=torch.bfloat16) for _ in range(4)] for _ in range(3)]
+    with torch.no_grad():
+        attention_kl_grouped(problems, reduction="none", backend="triton")  # compile before capturing
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = attention_kl_grouped(problems, reduction="none", backend="triton")
+        for problem in problems:
+            for tensor in problem:
+                tensor.copy_(torch.randn_like(tensor))
+        graph.replay()
+        expected = attention_kl_grouped(problems, reduction="none", backend="triton")
+    torch.cuda.synchronize()
+    assert torch.equal(captured, expected)
+
+
 @pytest.mark.parametrize("kind", ["fwd", "bwd"])
 @pytest.mark.parametrize(
     "dtype, head_dim, small_only, two_stages",

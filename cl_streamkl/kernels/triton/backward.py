@@ -4,9 +4,9 @@ With P = softmax(s) recomputed from the forward's log-sum-exps (base 2),
     dS_student = g·(P_s − P_t)·scale_s/T,
     dS_teacher = g·P_t·(log P_t − log P_s − KL_i)·scale_t/T (only when asked);
 the dq kernels stream over key tiles for one query tile, the dk kernels over query tiles
-for one key tile, so none needs atomics. Each comes as a one-problem kernel and a grouped
-kernel for L problems of one shape (addresses, strides and scales from a table, see
-``common.table_rows``); both run the same ``_dq_rows`` / ``_dk_keys``. Kernel names keep
+for one key tile, so none needs atomics. Both come as one-problem kernels; for L problems of
+one shape (addresses, strides and scales from a table, see ``common.table_rows``) one grouped
+kernel serves as either, by its KEY_SIDE constant. All run the same ``_dq_rows`` / ``_dk_keys``. Kernel names keep
 Triton's leading underscore: they are the names profilers show (benchmarks/profile_step.py
 sorts by them).
 """
@@ -196,39 +196,6 @@ def _attention_kl_bwd_dq_kernel(
 
 
 @triton.jit
-def _attention_kl_grouped_bwd_dq_kernel(
-    TABLE,  # [L, BACKWARD_TABLE_WIDTH] int64: scales, q, k, q_t, k_t, dq, dq_t, dk, dk_t (common.table_rows)
-    GRAD,  # [L, B, H, Nq] float32, any strides
-    ROW_KL, LSE_S, LSE_T,  # [L, B, H, Nq] float32, contiguous; ROW_KL read only when TEACHER_GRAD
-    stride_gl, stride_gb, stride_gh, stride_gn,
-    batch_size, num_heads, n_q, n_k, d_s, d_t,  # shared by all L problems
-    N_Q_BUCKET, N_K_BUCKET,
-    ELEMENT: tl.constexpr, ALIGNED: tl.constexpr,  # the inputs' dtype; see common.table_rows
-    CAUSAL: tl.constexpr, TEACHER_GRAD: tl.constexpr, DOT_PRECISION: tl.constexpr, GRAD_AFTER_DOT: tl.constexpr,
-    POLY_EXP2_DEGREE: tl.constexpr, POLY_EXP2_SPLITS: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DS: tl.constexpr, BLOCK_DT: tl.constexpr,
-):
-    pid_m, pid_bh, batch, head = program_coordinates(n_q, BLOCK_M, num_heads)
-    problem = batch // batch_size
-    entry = TABLE + problem * BACKWARD_TABLE_WIDTH
-    batch = batch % batch_size
-    q_base, stride_qn = table_rows(entry, 0, batch, head, ELEMENT, ALIGNED)
-    k_base, stride_kn = table_rows(entry, 1, batch, head, ELEMENT, ALIGNED)
-    qt_base, stride_qtn = table_rows(entry, 2, batch, head, ELEMENT, ALIGNED)
-    kt_base, stride_ktn = table_rows(entry, 3, batch, head, ELEMENT, ALIGNED)
-    dq_base, stride_on = table_rows(entry, 4, batch, head, ELEMENT, ALIGNED)
-    dqt_base, stride_otn = table_rows(entry, 5, batch, head, ELEMENT, ALIGNED)
-    _dq_rows(
-        q_base, k_base, qt_base, kt_base, stride_qn, stride_kn, stride_qtn, stride_ktn,
-        GRAD + problem * stride_gl + batch * stride_gb + head * stride_gh, stride_gn, ROW_KL, LSE_S, LSE_T,
-        pid_bh * n_q, dq_base, dqt_base, stride_on, stride_otn, pid_m, n_q, n_k, d_s, d_t,
-        table_scale(entry, 0), table_scale(entry, 1), table_scale(entry, 2), table_scale(entry, 3),
-        CAUSAL, TEACHER_GRAD, DOT_PRECISION, GRAD_AFTER_DOT, POLY_EXP2_DEGREE, POLY_EXP2_SPLITS,
-        BLOCK_M, BLOCK_N, BLOCK_DS, BLOCK_DT,
-    )
-
-
-@triton.jit
 def _bwd_dk_tile(
     q_base, qt_base, grad_base, row_base, LSE_S, LSE_T, ROW_KL,
     stride_qn, stride_qtn, stride_gn,
@@ -371,7 +338,7 @@ def _attention_kl_bwd_dk_kernel(
 
 
 @triton.jit
-def _attention_kl_grouped_bwd_dk_kernel(
+def _attention_kl_grouped_bwd_kernel(
     TABLE,  # [L, BACKWARD_TABLE_WIDTH] int64: scales, q, k, q_t, k_t, dq, dq_t, dk, dk_t (common.table_rows)
     GRAD,  # [L, B, H, Nq] float32, any strides
     ROW_KL, LSE_S, LSE_T,  # [L, B, H, Nq] float32, contiguous; ROW_KL read only when TEACHER_GRAD
@@ -379,11 +346,18 @@ def _attention_kl_grouped_bwd_dk_kernel(
     batch_size, num_heads, n_q, n_k, d_s, d_t,  # shared by all L problems
     N_Q_BUCKET, N_K_BUCKET,
     ELEMENT: tl.constexpr, ALIGNED: tl.constexpr,  # the inputs' dtype; see common.table_rows
+    KEY_SIDE: tl.constexpr,  # False: the dq kernel (query tiles); True: the dk kernel (key tiles)
     CAUSAL: tl.constexpr, TEACHER_GRAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    GRAD_AFTER_DOT: tl.constexpr,  # read by the dq side only
     POLY_EXP2_DEGREE: tl.constexpr, POLY_EXP2_SPLITS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DS: tl.constexpr, BLOCK_DT: tl.constexpr,
 ):
-    pid_n, pid_bh, batch, head = program_coordinates(n_k, BLOCK_N, num_heads)
+    # One kernel for both sides (the launcher launches it twice, KEY_SIDE False then True):
+    # the table lookups are shared, the work is _dq_rows' or _dk_keys'.
+    if KEY_SIDE:
+        tile, pid_bh, batch, head = program_coordinates(n_k, BLOCK_N, num_heads)
+    else:
+        tile, pid_bh, batch, head = program_coordinates(n_q, BLOCK_M, num_heads)
     problem = batch // batch_size
     entry = TABLE + problem * BACKWARD_TABLE_WIDTH
     batch = batch % batch_size
@@ -391,13 +365,18 @@ def _attention_kl_grouped_bwd_dk_kernel(
     k_base, stride_kn = table_rows(entry, 1, batch, head, ELEMENT, ALIGNED)
     qt_base, stride_qtn = table_rows(entry, 2, batch, head, ELEMENT, ALIGNED)
     kt_base, stride_ktn = table_rows(entry, 3, batch, head, ELEMENT, ALIGNED)
-    dk_base, stride_on = table_rows(entry, 6, batch, head, ELEMENT, ALIGNED)
-    dkt_base, stride_otn = table_rows(entry, 7, batch, head, ELEMENT, ALIGNED)
-    _dk_keys(
-        q_base, k_base, qt_base, kt_base, stride_qn, stride_kn, stride_qtn, stride_ktn,
-        GRAD + problem * stride_gl + batch * stride_gb + head * stride_gh, stride_gn, ROW_KL, LSE_S, LSE_T,
-        pid_bh * n_q, dk_base, dkt_base, stride_on, stride_otn, pid_n, n_q, n_k, d_s, d_t,
-        table_scale(entry, 0), table_scale(entry, 1), table_scale(entry, 2), table_scale(entry, 3),
-        CAUSAL, TEACHER_GRAD, DOT_PRECISION, POLY_EXP2_DEGREE, POLY_EXP2_SPLITS,
-        BLOCK_M, BLOCK_N, BLOCK_DS, BLOCK_DT,
-    )
+    out_base, stride_on = table_rows(entry, 6 if KEY_SIDE else 4, batch, head, ELEMENT, ALIGNED)
+    out_t_base, stride_otn = table_rows(entry, 7 if KEY_SIDE else 5, batch, head, ELEMENT, ALIGNED)
+    grad_base = GRAD + problem * stride_gl + batch * stride_gb + head * stride_gh
+    scale_s_log2, scale_t_log2 = table_scale(entry, 0), table_scale(entry, 1)
+    scale_s, scale_t = table_scale(entry, 2), table_scale(entry, 3)
+    if KEY_SIDE:
+        _dk_keys(q_base, k_base, qt_base, kt_base, stride_qn, stride_kn, stride_qtn, stride_ktn, grad_base, stride_gn,
+                 ROW_KL, LSE_S, LSE_T, pid_bh * n_q, out_base, out_t_base, stride_on, stride_otn, tile, n_q, n_k,
+                 d_s, d_t, scale_s_log2, scale_t_log2, scale_s, scale_t, CAUSAL, TEACHER_GRAD, DOT_PRECISION,
+                 POLY_EXP2_DEGREE, POLY_EXP2_SPLITS, BLOCK_M, BLOCK_N, BLOCK_DS, BLOCK_DT)
+    else:
+        _dq_rows(q_base, k_base, qt_base, kt_base, stride_qn, stride_kn, stride_qtn, stride_ktn, grad_base, stride_gn,
+                 ROW_KL, LSE_S, LSE_T, pid_bh * n_q, out_base, out_t_base, stride_on, stride_otn, tile, n_q, n_k,
+                 d_s, d_t, scale_s_log2, scale_t_log2, scale_s, scale_t, CAUSAL, TEACHER_GRAD, DOT_PRECISION,
+                 GRAD_AFTER_DOT, POLY_EXP2_DEGREE, POLY_EXP2_SPLITS, BLOCK_M, BLOCK_N, BLOCK_DS, BLOCK_DT)

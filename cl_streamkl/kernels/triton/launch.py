@@ -19,8 +19,7 @@ import triton.language as tl
 from cl_streamkl.kernels.triton.backward import (
     _attention_kl_bwd_dk_kernel,
     _attention_kl_bwd_dq_kernel,
-    _attention_kl_grouped_bwd_dk_kernel,
-    _attention_kl_grouped_bwd_dq_kernel,
+    _attention_kl_grouped_bwd_kernel,
 )
 from cl_streamkl.kernels.triton.common import BACKWARD_TABLE_WIDTH, FORWARD_TABLE_WIDTH, INTERPRETING
 from cl_streamkl.kernels.triton.forward import _attention_kl_fwd_kernel, _attention_kl_grouped_fwd_kernel
@@ -39,8 +38,11 @@ FORWARD_LAUNCHER = _launcher(_attention_kl_fwd_kernel, "fwd")
 BACKWARD_DQ_LAUNCHER = _launcher(_attention_kl_bwd_dq_kernel, "bwd", ("TEACHER_GRAD",))
 BACKWARD_DK_LAUNCHER = _launcher(_attention_kl_bwd_dk_kernel, "bwd", ("TEACHER_GRAD",))
 GROUPED_FORWARD_LAUNCHER = _launcher(_attention_kl_grouped_fwd_kernel, "fwd")
-GROUPED_BACKWARD_DQ_LAUNCHER = _launcher(_attention_kl_grouped_bwd_dq_kernel, "bwd", ("TEACHER_GRAD",))
-GROUPED_BACKWARD_DK_LAUNCHER = _launcher(_attention_kl_grouped_bwd_dk_kernel, "bwd", ("TEACHER_GRAD",))
+# One grouped backward kernel serves both sides (KEY_SIDE), tuned per side; each side keeps its
+# own launcher and replay cache.
+_GROUPED_BACKWARD = tuned(_attention_kl_grouped_bwd_kernel, "bwd", ("TEACHER_GRAD", "KEY_SIDE"))
+GROUPED_BACKWARD_DQ_LAUNCHER = KernelLauncher(_GROUPED_BACKWARD, replay=not INTERPRETING)
+GROUPED_BACKWARD_DK_LAUNCHER = KernelLauncher(_GROUPED_BACKWARD, replay=not INTERPRETING)
 # By name, for code that inspects the launchers (their replay caches, the autotuned tiles).
 KERNEL_LAUNCHERS = {
     "forward": FORWARD_LAUNCHER,
@@ -283,7 +285,14 @@ def _table(
     device = tensors[0][0].device
     # A pinned host copy travels asynchronously: no host sync per launch.
     table = torch.tensor(values, dtype=torch.int64, pin_memory=device.type == "cuda").view(len(tensors), width)
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        # A CUDA graph replays the copy from this host buffer (its addresses are the graph's
+        # own on every replay), so it must outlive the graph: keep it for the process.
+        _CAPTURED_TABLES.append(table)
     return table.to(device, non_blocking=True), aligned
+
+
+_CAPTURED_TABLES: list[torch.Tensor] = []
 
 
 def _grouped_scales(student_scales: Sequence[float], teacher_scales: Sequence[float]) -> list[tuple[float, ...]]:
@@ -381,15 +390,18 @@ def launch_grouped_backward(
         batch, heads, n_q, n_k, d_s, d_t, length_bucket(n_q), length_bucket(n_k),
     )
     table_constants = dict(ELEMENT=_TRITON_DTYPES[q[0].dtype], ALIGNED=aligned)
-    dq_constants, dk_constants = _backward_constants(q[0].dtype, d_s, d_t, causal, teacher_grad)
+    constants, _ = _backward_constants(q[0].dtype, d_s, d_t, causal, teacher_grad)
     options = launch_options("bwd", d_s, d_t, q[0].dtype)
     programs = len(q) * batch * heads
     with _device_guard(q[0]):
         GROUPED_BACKWARD_DQ_LAUNCHER(
-            arguments, {**table_constants, **dq_constants}, options, length=n_q, batch_heads=programs, block="BLOCK_M"
+            arguments, {**table_constants, "KEY_SIDE": False, **constants}, options,
+            length=n_q, batch_heads=programs, block="BLOCK_M",
         )
+        # The dk side never reads GRAD_AFTER_DOT: a fixed value keeps one compiled kernel for it.
         GROUPED_BACKWARD_DK_LAUNCHER(
-            arguments, {**table_constants, **dk_constants}, options, length=n_k, batch_heads=programs, block="BLOCK_N"
+            arguments, {**table_constants, "KEY_SIDE": True, **constants, "GRAD_AFTER_DOT": False}, options,
+            length=n_k, batch_heads=programs, block="BLOCK_N",
         )
     grads = grad_q + grad_k
     if teacher_grad:

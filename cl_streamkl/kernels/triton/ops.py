@@ -89,13 +89,8 @@ def _attention_kl_bwd_fake(
 
 @torch.library.custom_op("cl_streamkl::attention_kl_grouped_fwd", mutates_args=())
 def attention_kl_grouped_fwd_op(
-    q: list[torch.Tensor],
-    k: list[torch.Tensor],
-    q_teacher: list[torch.Tensor],
-    k_teacher: list[torch.Tensor],
-    student_scales: list[float],
-    teacher_scales: list[float],
-    causal: bool,
+    q: list[torch.Tensor], k: list[torch.Tensor], q_teacher: list[torch.Tensor], k_teacher: list[torch.Tensor],
+    student_scales: list[float], teacher_scales: list[float], causal: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Custom op around :func:`launch_grouped_forward`."""
     return launch_grouped_forward(q, k, q_teacher, k_teacher, student_scales, teacher_scales, causal)
@@ -110,17 +105,9 @@ def _attention_kl_grouped_fwd_fake(q, k, q_teacher, k_teacher, student_scales, t
 @torch.library.custom_op("cl_streamkl::attention_kl_grouped_bwd", mutates_args=())
 def attention_kl_grouped_bwd_op(
     grad_rows: torch.Tensor,
-    q: list[torch.Tensor],
-    k: list[torch.Tensor],
-    q_teacher: list[torch.Tensor],
-    k_teacher: list[torch.Tensor],
-    row_kl: torch.Tensor,
-    lse_student: torch.Tensor,
-    lse_teacher: torch.Tensor,
-    student_scales: list[float],
-    teacher_scales: list[float],
-    causal: bool,
-    teacher_grad: bool,
+    q: list[torch.Tensor], k: list[torch.Tensor], q_teacher: list[torch.Tensor], k_teacher: list[torch.Tensor],
+    row_kl: torch.Tensor, lse_student: torch.Tensor, lse_teacher: torch.Tensor,
+    student_scales: list[float], teacher_scales: list[float], causal: bool, teacher_grad: bool,
 ) -> list[torch.Tensor]:
     """Custom op around :func:`launch_grouped_backward`."""
     return launch_grouped_backward(
