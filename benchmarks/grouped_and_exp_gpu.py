@@ -12,6 +12,9 @@ Three parts, in this order:
     memory each allocates per query row (fwd: what stays for backward; fwd+bwd: with gradients).
 (c) each variant of cl_streamkl.kernels.triton.variants timed in fwd, bwd and fwd+bwd against
     the default (hardware exponentials), with its error against float64 on the first two heads.
+    The loss is reduction="sum": its expanded upstream gradient lets grad-after-dot act in both
+    backward kernels (after a "mean", attention_kl's backward materialises the gradient and
+    only dq can).
 
 The tables of (b) and (c) come last; --json writes everything. Autotuning is off unless
 --autotune: CL_STREAMKL_AUTOTUNE=0 gives every implementation and variant the fixed heuristic
@@ -55,9 +58,9 @@ GROUPED_SHAPES = [(32, 12, 197, 64), (16, 12, 577, 64), (16, 12, 1025, 64)]
 VARIANT_SHAPES = [(1, 12, 8192, 64), (1, 16, 8192, 128), (2, 12, 4096, 64)]
 VARIANTS = {
     **{name: {"forward_exp2": name, "backward_exp2": name} for name in EXP2_VARIANTS},
-    "grad-after-dot": {"dq_grad_after_dot": True},
+    "grad-after-dot": {"grad_after_dot": True},
     "poly3-eighth+grad-after-dot": {"forward_exp2": "poly3-eighth", "backward_exp2": "poly3-eighth",
-                                    "dq_grad_after_dot": True},
+                                    "grad_after_dot": True},
 }
 SMOKE = {"blocks": 2, "grouped_shapes": [(1, 1, 17, 16)], "variant_shapes": [(1, 1, 17, 16)],
          "variants": ["hardware", "poly3-eighth+grad-after-dot"]}
@@ -251,7 +254,7 @@ def time_variants(shape, names, device, warmup_ms: int, rep_ms: int) -> list[Var
     for name in names:
         fields = VARIANTS[name]
         with use_kernel_variant(**fields):
-            forward = lambda: attention_kl(q, k, q_t, k_t, backend="triton")  # noqa: E731
+            forward = lambda: attention_kl(q, k, q_t, k_t, reduction="sum", backend="triton")  # noqa: E731
             fwd = median_ms(forward, device, warmup_ms, rep_ms)
             out = forward()
             bwd = median_ms(lambda: torch.autograd.grad(out, (q, k), retain_graph=True), device, warmup_ms, rep_ms)

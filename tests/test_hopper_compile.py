@@ -53,7 +53,8 @@ CASES = (
     [Case(kind, causal, grouped) for grouped in (False, True) for causal in (False, True) for kind in ("fwd", "dq", "dk")]
     + [Case(kind, exp2=variant) for variant in POLY_VARIANTS for kind in ("fwd", "dk")]
     + [Case("dq", exp2="poly3-eighth"), Case("dq", exp2="poly5-quarter", grad_after_dot=True)]
-    + [Case("dq", grad_after_dot=True), Case("dq", grouped=True, grad_after_dot=True)]
+    + [Case(kind, grad_after_dot=True) for kind in ("dq", "dk")]
+    + [Case(kind, grouped=True, grad_after_dot=True) for kind in ("dq", "dk")]
 )
 
 
@@ -86,7 +87,7 @@ def compile_for_hopper(case: Case):
     }
     if case.kind != "fwd":
         constants["TEACHER_GRAD"] = True
-    if case.kind == "dq" or (case.grouped and case.kind == "dk"):
+    if case.kind != "fwd":
         constants["GRAD_AFTER_DOT"] = case.grad_after_dot
     if case.grouped:
         constants.update(ELEMENT=tl.bfloat16, ALIGNED=True)

@@ -1,7 +1,7 @@
 """The opt-in kernel variants (kernels/triton/variants.py) against float64 at the usual tolerances.
 
 Each exp2 variant moves part of the teacher's exponentials to a polynomial on the FMA units;
-``dq_grad_after_dot`` multiplies dq by the upstream gradient per row. They must keep the
+``grad_after_dot`` multiplies by the upstream gradient after the dot products. They must keep the
 accuracy the default kernels are tested to (tests/test_attention_kl.py); which is faster is
 measured on the GPU (benchmarks/grouped_and_exp_gpu.py).
 """
@@ -74,7 +74,7 @@ def test_variant_keeps_the_tested_accuracy(variant, dtype, shape, device):
     torch.manual_seed(30)
     causal = shape[-1]
     q, k, q_t, k_t = make_inputs(shape, dtype, device, teacher_grad=True)
-    fields = {"dq_grad_after_dot": True} if variant == "grad-after-dot" else {"forward_exp2": variant, "backward_exp2": variant}
+    fields = {"grad_after_dot": True} if variant == "grad-after-dot" else {"forward_exp2": variant, "backward_exp2": variant}
     with use_kernel_variant(**fields):
         out = attention_kl(q, k, q_t, k_t, causal=causal, reduction="none", backend="triton")
         upstream = torch.randn_like(out)
@@ -90,6 +90,32 @@ def test_variant_keeps_the_tested_accuracy(variant, dtype, shape, device):
     teacher_bound = 2e-5 if dtype == torch.float32 else 2e-2
     for name, grad, ref_grad in zip(("q_teacher", "k_teacher"), grads[2:], ref_grads[2:]):
         assert rel_err(grad, ref_grad) < teacher_bound, f"grad of {name}"
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
+def test_grad_after_dot_with_a_gradient_constant_along_rows(dtype, reduction, device):
+    """An expanded gradient (row stride 0) lets the dk kernels multiply after the dot too.
+
+    attention_kl_grouped hands one back for mean and sum; attention_kl for sum only (its mean()
+    backward materialises the gradient, so there its dk kernel keeps the product per score).
+    """
+    torch.manual_seed(33)
+    problems = [make_inputs((2, 2, 33, 33, 64, 32, True), dtype, device, teacher_grad=True) for _ in range(2)]
+    inputs = [tensor for problem in problems for tensor in problem]
+    weights = torch.tensor([0.7, -1.3])
+    with use_kernel_variant(grad_after_dot=True):
+        single = sum(w * attention_kl(*p, causal=True, reduction=reduction, backend="triton") for w, p in zip(weights, problems))
+        grads = torch.autograd.grad(single, inputs)
+        grouped = attention_kl_grouped(problems, causal=True, reduction=reduction, backend="triton")
+        grouped_grads = torch.autograd.grad((grouped * weights).sum(), inputs)
+    ref = sum(w * attention_kl_reference(*p, causal=True, reduction=reduction) for w, p in zip(weights, problems))
+    ref_grads = torch.autograd.grad(ref, inputs)
+    bound = 2e-5 if dtype == torch.float32 else 2e-2
+    for index, (grad, grouped_grad, ref_grad) in enumerate(zip(grads, grouped_grads, ref_grads)):
+        assert rel_err(grad, ref_grad) < bound and rel_err(grouped_grad, ref_grad) < bound, f"grad {index}"
+        if reduction == "sum":
+            assert torch.equal(grad, grouped_grad), f"grad {index}"
 
 
 @pytest.mark.parametrize("variant", ["poly3-half", "poly5-eighth"])
@@ -120,7 +146,7 @@ def test_identical_distributions_give_almost_zero(variant, value_floor, device):
 def test_grouped_kernels_take_the_variants(device):
     torch.manual_seed(32)
     problems = [make_inputs((1, 2, 17, 17, 64, 64, False), torch.bfloat16, device) for _ in range(3)]
-    with use_kernel_variant(forward_exp2="poly3-quarter", backward_exp2="poly3-eighth", dq_grad_after_dot=True):
+    with use_kernel_variant(forward_exp2="poly3-quarter", backward_exp2="poly3-eighth", grad_after_dot=True):
         out = attention_kl_grouped(problems, reduction="none", backend="triton")
         single = torch.stack([attention_kl(*problem, reduction="none", backend="triton") for problem in problems])
         inputs = [tensor for problem in problems for tensor in problem[:2]]
@@ -142,14 +168,14 @@ def test_defaults_environment_and_context():
     assert kernel_variant() == before
     with pytest.raises(ValueError, match="forward_exp2 must be one of"):
         KernelVariant(forward_exp2="poly4")
-    with pytest.raises(TypeError, match="dq_grad_after_dot must be a bool"):
-        KernelVariant(dq_grad_after_dot=1)
+    with pytest.raises(TypeError, match="grad_after_dot must be a bool"):
+        KernelVariant(grad_after_dot=1)
 
 
 def test_environment_selects_variants(monkeypatch):
     monkeypatch.setenv("CL_STREAMKL_FORWARD_EXP2", "poly3-eighth")
     monkeypatch.setenv("CL_STREAMKL_BACKWARD_EXP2", "poly5-half")
-    monkeypatch.setenv("CL_STREAMKL_DQ_GRAD_AFTER_DOT", "1")
+    monkeypatch.setenv("CL_STREAMKL_GRAD_AFTER_DOT", "1")
     assert KernelVariant.from_environment() == KernelVariant("poly3-eighth", "poly5-half", True)
 
 

@@ -282,11 +282,11 @@ def reduce_rows(row_kl: torch.Tensor, reduction: str, grouped: bool = False) -> 
     if reduction == "none":
         return row_kl
     if grouped:
-        per_problem = row_kl.flatten(1)
-        if reduction == "mean":
-            return per_problem.mean(1)
-        total = per_problem.sum(1)
-        return total if reduction == "sum" else total / row_kl.size(1)
+        # sum then divide, not mean(): the backward then hands the kernels an expanded (row
+        # stride 0) gradient instead of materialising one (see variants.KernelVariant.grad_after_dot).
+        total = row_kl.flatten(1).sum(1)
+        divisor = {"sum": 1, "mean": row_kl[0].numel(), "batchmean": row_kl.size(1)}[reduction]
+        return total if divisor == 1 else total / divisor
     if reduction == "sum":
         return row_kl.sum()
     if reduction == "mean":

@@ -202,7 +202,7 @@ def _bwd_dk_tile(
     k, kt, keys, rows, n_q, d_s, d_t, dims_s, dims_t, dk, dkt,
     scale_s_log2, scale_t_log2,
     MASKED: tl.constexpr, TEACHER_GRAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    POLY_EXP2_DEGREE: tl.constexpr, POLY_EXP2_SPLITS: tl.constexpr,
+    GRAD_AFTER_DOT: tl.constexpr, POLY_EXP2_DEGREE: tl.constexpr, POLY_EXP2_SPLITS: tl.constexpr,
 ):
     rows64 = rows.to(tl.int64)
     row_ok = rows < n_q
@@ -220,7 +220,7 @@ def _bwd_dk_tile(
     log2_p_t = dot(kt, tl.trans(qt), DOT_PRECISION) * scale_t_log2 - lse_t[None, :]
     valid = keys[:, None] <= rows[None, :]
     grad_scores, grad_scores_t = _score_grads(
-        log2_p_s, log2_p_t, grad[None, :], row_kl[None, :], valid, MASKED, TEACHER_GRAD, True,
+        log2_p_s, log2_p_t, grad[None, :], row_kl[None, :], valid, MASKED, TEACHER_GRAD, not GRAD_AFTER_DOT,
         POLY_EXP2_DEGREE, POLY_EXP2_SPLITS,
     )
     dk += dot(grad_scores.to(q.dtype), q, DOT_PRECISION)
@@ -238,12 +238,14 @@ def _dk_keys(
     dk_base, dkt_base, stride_on, stride_otn,  # DK and DKT at this (batch, head)
     pid_n, n_q, n_k, d_s, d_t, scale_s_log2, scale_t_log2, scale_s, scale_t,
     CAUSAL: tl.constexpr, TEACHER_GRAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    POLY_EXP2_DEGREE: tl.constexpr, POLY_EXP2_SPLITS: tl.constexpr,
+    GRAD_AFTER_DOT: tl.constexpr, POLY_EXP2_DEGREE: tl.constexpr, POLY_EXP2_SPLITS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DS: tl.constexpr, BLOCK_DT: tl.constexpr,
 ):
     """dk (and dk_t) of key tile ``pid_n`` of one (batch, head), streaming over its queries.
 
     Transposed orientation: keys past Nk need no mask, their rows of dk are never stored.
+    GRAD_AFTER_DOT is only set when g is the same for every query row of this (batch, head)
+    (GRAD's row stride is 0, as after a mean or sum): then g multiplies dk once at the end.
     """
     keys = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     keys64 = keys.to(tl.int64)
@@ -267,7 +269,8 @@ def _dk_keys(
                 q_base, qt_base, grad_base, row_base, LSE_S, LSE_T, ROW_KL,
                 stride_qn, stride_qtn, stride_gn,
                 k, kt, keys, start_m + offs_m, n_q, d_s, d_t, dims_s, dims_t, dk, dkt,
-                scale_s_log2, scale_t_log2, True, TEACHER_GRAD, DOT_PRECISION, POLY_EXP2_DEGREE, POLY_EXP2_SPLITS,
+                scale_s_log2, scale_t_log2, True, TEACHER_GRAD, DOT_PRECISION, GRAD_AFTER_DOT,
+                POLY_EXP2_DEGREE, POLY_EXP2_SPLITS,
             )
     else:
         unmasked_start = 0
@@ -276,9 +279,14 @@ def _dk_keys(
             q_base, qt_base, grad_base, row_base, LSE_S, LSE_T, ROW_KL,
             stride_qn, stride_qtn, stride_gn,
             k, kt, keys, start_m + offs_m, n_q, d_s, d_t, dims_s, dims_t, dk, dkt,
-            scale_s_log2, scale_t_log2, False, TEACHER_GRAD, DOT_PRECISION, POLY_EXP2_DEGREE, POLY_EXP2_SPLITS,
+            scale_s_log2, scale_t_log2, False, TEACHER_GRAD, DOT_PRECISION, GRAD_AFTER_DOT,
+            POLY_EXP2_DEGREE, POLY_EXP2_SPLITS,
         )
 
+    if GRAD_AFTER_DOT:
+        grad = tl.load(grad_base)
+        scale_s = grad * scale_s
+        scale_t = grad * scale_t
     tl.store(
         dk_base + keys64[:, None] * stride_on + dims_s[None, :],
         (dk * scale_s).to(dk_base.dtype.element_ty),
@@ -318,6 +326,7 @@ def _attention_kl_bwd_dk_kernel(
     CAUSAL: tl.constexpr,
     TEACHER_GRAD: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    GRAD_AFTER_DOT: tl.constexpr,  # only when GRAD's row stride is 0 (see _dk_keys)
     POLY_EXP2_DEGREE: tl.constexpr,
     POLY_EXP2_SPLITS: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -332,7 +341,7 @@ def _attention_kl_bwd_dk_kernel(
         stride_qn, stride_kn, stride_qtn, stride_ktn, GRAD + batch * stride_gb + head * stride_gh, stride_gn,
         ROW_KL, LSE_S, LSE_T, pid_bh * n_q, DK + batch * stride_ob + head * stride_oh,
         DKT + batch * stride_otb + head * stride_oth, stride_on, stride_otn, pid_n, n_q, n_k, d_s, d_t,
-        scale_s_log2, scale_t_log2, scale_s, scale_t, CAUSAL, TEACHER_GRAD, DOT_PRECISION,
+        scale_s_log2, scale_t_log2, scale_s, scale_t, CAUSAL, TEACHER_GRAD, DOT_PRECISION, GRAD_AFTER_DOT,
         POLY_EXP2_DEGREE, POLY_EXP2_SPLITS, BLOCK_M, BLOCK_N, BLOCK_DS, BLOCK_DT,
     )
 
@@ -348,7 +357,7 @@ def _attention_kl_grouped_bwd_kernel(
     ELEMENT: tl.constexpr, ALIGNED: tl.constexpr,  # the inputs' dtype; see common.table_rows
     KEY_SIDE: tl.constexpr,  # False: the dq kernel (query tiles); True: the dk kernel (key tiles)
     CAUSAL: tl.constexpr, TEACHER_GRAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    GRAD_AFTER_DOT: tl.constexpr,  # read by the dq side only
+    GRAD_AFTER_DOT: tl.constexpr,  # see _dq_rows and _dk_keys
     POLY_EXP2_DEGREE: tl.constexpr, POLY_EXP2_SPLITS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DS: tl.constexpr, BLOCK_DT: tl.constexpr,
 ):
@@ -374,7 +383,7 @@ def _attention_kl_grouped_bwd_kernel(
         _dk_keys(q_base, k_base, qt_base, kt_base, stride_qn, stride_kn, stride_qtn, stride_ktn, grad_base, stride_gn,
                  ROW_KL, LSE_S, LSE_T, pid_bh * n_q, out_base, out_t_base, stride_on, stride_otn, tile, n_q, n_k,
                  d_s, d_t, scale_s_log2, scale_t_log2, scale_s, scale_t, CAUSAL, TEACHER_GRAD, DOT_PRECISION,
-                 POLY_EXP2_DEGREE, POLY_EXP2_SPLITS, BLOCK_M, BLOCK_N, BLOCK_DS, BLOCK_DT)
+                 GRAD_AFTER_DOT, POLY_EXP2_DEGREE, POLY_EXP2_SPLITS, BLOCK_M, BLOCK_N, BLOCK_DS, BLOCK_DT)
     else:
         _dq_rows(q_base, k_base, qt_base, kt_base, stride_qn, stride_kn, stride_qtn, stride_ktn, grad_base, stride_gn,
                  ROW_KL, LSE_S, LSE_T, pid_bh * n_q, out_base, out_t_base, stride_on, stride_otn, tile, n_q, n_k,

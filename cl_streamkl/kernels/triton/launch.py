@@ -119,12 +119,22 @@ def _forward_constants(dtype: torch.dtype, d_s: int, d_t: int, causal: bool) -> 
     )
 
 
-def _backward_constants(dtype: torch.dtype, d_s: int, d_t: int, causal: bool, teacher_grad: bool) -> tuple[dict, dict]:
-    """Compile-time constants of the dq kernel and of the dk kernel."""
+def _backward_constants(
+    dtype: torch.dtype, grad_rows: torch.Tensor, d_s: int, d_t: int, causal: bool, teacher_grad: bool
+) -> tuple[dict, dict]:
+    """Compile-time constants of the dq kernel and of the dk kernel.
+
+    With the grad-after-dot variant, the dk kernel multiplies by g after its loop only when g is
+    the same along a (batch, head)'s rows: a row stride of 0, as a mean or sum hands back.
+    """
     variant = kernel_variant()
+    uniform_rows = grad_rows.stride(-1) == 0 or grad_rows.size(-1) == 1
     common = dict(CAUSAL=causal, TEACHER_GRAD=teacher_grad, DOT_PRECISION=_dot_precision(dtype))
     tail = dict(**variant.exp2_constants(backward=True, dtype=dtype), BLOCK_DS=block_dim(d_s), BLOCK_DT=block_dim(d_t))
-    return {**common, "GRAD_AFTER_DOT": variant.dq_grad_after_dot, **tail}, {**common, **tail}
+    return (
+        {**common, "GRAD_AFTER_DOT": variant.grad_after_dot, **tail},
+        {**common, "GRAD_AFTER_DOT": variant.grad_after_dot and uniform_rows, **tail},
+    )
 
 
 def launch_forward(
@@ -237,7 +247,7 @@ def launch_backward(
             length_bucket(n_k),
         )
 
-    dq_constants, dk_constants = _backward_constants(q.dtype, d_s, d_t, causal, teacher_grad)
+    dq_constants, dk_constants = _backward_constants(q.dtype, grad_rows, d_s, d_t, causal, teacher_grad)
     options = launch_options("bwd", d_s, d_t, q.dtype)
     with _device_guard(q):
         BACKWARD_DQ_LAUNCHER(
@@ -390,17 +400,16 @@ def launch_grouped_backward(
         batch, heads, n_q, n_k, d_s, d_t, length_bucket(n_q), length_bucket(n_k),
     )
     table_constants = dict(ELEMENT=_TRITON_DTYPES[q[0].dtype], ALIGNED=aligned)
-    constants, _ = _backward_constants(q[0].dtype, d_s, d_t, causal, teacher_grad)
+    dq_constants, dk_constants = _backward_constants(q[0].dtype, grad_rows, d_s, d_t, causal, teacher_grad)
     options = launch_options("bwd", d_s, d_t, q[0].dtype)
     programs = len(q) * batch * heads
     with _device_guard(q[0]):
         GROUPED_BACKWARD_DQ_LAUNCHER(
-            arguments, {**table_constants, "KEY_SIDE": False, **constants}, options,
+            arguments, {**table_constants, "KEY_SIDE": False, **dq_constants}, options,
             length=n_q, batch_heads=programs, block="BLOCK_M",
         )
-        # The dk side never reads GRAD_AFTER_DOT: a fixed value keeps one compiled kernel for it.
         GROUPED_BACKWARD_DK_LAUNCHER(
-            arguments, {**table_constants, "KEY_SIDE": True, **constants, "GRAD_AFTER_DOT": False}, options,
+            arguments, {**table_constants, "KEY_SIDE": True, **dk_constants}, options,
             length=n_k, batch_heads=programs, block="BLOCK_N",
         )
     grads = grad_q + grad_k

@@ -162,9 +162,10 @@ def _gradients(ctx, grad_rows: torch.Tensor | None, backward_fn, grouped: bool) 
         *ctx.options,
         ctx.teacher_grad,
     )
-    per_role = len(inputs) // 4 if grouped else 1
-    split = [grads[start:start + per_role] if grouped else grads[start] for start in range(0, len(grads), per_role)]
-    return split[0], split[1], *(split[2:] if ctx.teacher_grad else (None, None))
+    if grouped:  # dq of every problem, then dk (then the teacher's): one list per role
+        count = len(inputs) // 4
+        grads = [grads[start:start + count] for start in range(0, len(grads), count)]
+    return grads[0], grads[1], *(grads[2:] if ctx.teacher_grad else (None, None))
 
 
 def _setup_context(ctx, inputs, output):

@@ -4,7 +4,7 @@ Per score the forward and the backward each take two exponentials (student and t
 against attention's one; at head dim 64 the special-function unit (MUFU, 16 exp2 per clock
 and SM on Hopper) can bound the kernel. A variant moves part of the teacher's exponentials
 to the FMA units (``common.exp2_polynomial``), as FlashAttention-4 does; another moves the
-upstream gradient's product out of the dq kernels' score loop. None is on by default: which
+upstream gradient's product out of the backward's score loop. None is on by default: which
 one pays depends on the GPU and is decided by measurement
 (``benchmarks/grouped_and_exp_gpu.py``).
 
@@ -13,9 +13,10 @@ Select them with the environment (read at import) or, for a block of code, with
 
 * ``CL_STREAMKL_FORWARD_EXP2`` / ``CL_STREAMKL_BACKWARD_EXP2``: a key of
   :data:`EXP2_VARIANTS` for the forward kernels / the dq and dk kernels.
-* ``CL_STREAMKL_DQ_GRAD_AFTER_DOT=1``: the dq kernels multiply by g per row after the key
-  loop instead of per score (one product per score fewer; fp16 also keeps small g·(P_s − P_t)
-  away from underflow).
+* ``CL_STREAMKL_GRAD_AFTER_DOT=1``: the dq kernels multiply by the upstream gradient g per row
+  after the key loop instead of per score, and so do the dk kernels when g is the same for
+  every row of a (batch, head), as after a mean or sum (one product per score fewer; fp16 also
+  keeps small g·(P_s − P_t) away from underflow before the dot).
 """
 
 from __future__ import annotations
@@ -48,26 +49,26 @@ class KernelVariant:
     Attributes:
         forward_exp2: key of :data:`EXP2_VARIANTS` for the forward kernels.
         backward_exp2: key of :data:`EXP2_VARIANTS` for the dq and dk kernels.
-        dq_grad_after_dot: multiply dq by the upstream gradient per row, after the key loop.
+        grad_after_dot: multiply by the upstream gradient after the dot products, not per score.
     """
 
     forward_exp2: str = "hardware"
     backward_exp2: str = "hardware"
-    dq_grad_after_dot: bool = False
+    grad_after_dot: bool = False
 
     def __post_init__(self) -> None:
         for name in ("forward_exp2", "backward_exp2"):
             if getattr(self, name) not in EXP2_VARIANTS:
                 raise ValueError(f"{name} must be one of {sorted(EXP2_VARIANTS)}, got {getattr(self, name)!r}")
-        if not isinstance(self.dq_grad_after_dot, bool):
-            raise TypeError(f"dq_grad_after_dot must be a bool, got {type(self.dq_grad_after_dot).__name__}")
+        if not isinstance(self.grad_after_dot, bool):
+            raise TypeError(f"grad_after_dot must be a bool, got {type(self.grad_after_dot).__name__}")
 
     @classmethod
     def from_environment(cls) -> KernelVariant:
         return cls(
             forward_exp2=os.environ.get("CL_STREAMKL_FORWARD_EXP2", "hardware"),
             backward_exp2=os.environ.get("CL_STREAMKL_BACKWARD_EXP2", "hardware"),
-            dq_grad_after_dot=os.environ.get("CL_STREAMKL_DQ_GRAD_AFTER_DOT", "0") == "1",
+            grad_after_dot=os.environ.get("CL_STREAMKL_GRAD_AFTER_DOT", "0") == "1",
         )
 
     def exp2_constants(self, backward: bool, dtype: torch.dtype) -> dict[str, int]:
