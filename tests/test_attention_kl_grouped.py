@@ -207,11 +207,31 @@ def test_torch_compile_traces_the_grouped_ops(teacher_grad, device):
     problems = make_problems((3, 1, 2, 20, 20, 32, 32), torch.float32, device, teacher_grad=teacher_grad)
 
     def loss(problems):
-        return (attention_kl_grouped(problems, temperature=2.0, backend="triton") * torch.arange(1.0, 4.0)).sum()
+        weights = torch.arange(1.0, 4.0, device=problems[0][0].device)
+        return (attention_kl_grouped(problems, temperature=2.0, backend="triton") * weights).sum()
 
     torch._dynamo.reset()
     compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)
     inputs = [tensor for problem in problems for tensor in (problem if teacher_grad else problem[:2])]
+    value = compiled(problems)
+    grads = torch.autograd.grad(value, inputs)
+    eager_value = loss(problems)
+    eager_grads = torch.autograd.grad(eager_value, inputs)
+    torch.testing.assert_close(value, eager_value)
+    for grad, eager_grad in zip(grads, eager_grads):
+        torch.testing.assert_close(grad, eager_grad)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA and the inductor GPU backend")
+def test_torch_compile_inductor_fullgraph_on_gpu():
+    torch.manual_seed(28)
+    problems = make_problems((4, 2, 4, 197, 197, 64, 64), torch.bfloat16, "cuda")
+    inputs = [tensor for problem in problems for tensor in problem[:2]]
+
+    def loss(problems):
+        return attention_kl_grouped(problems, backend="triton").sum()
+
+    compiled = torch.compile(loss, fullgraph=True)
     value = compiled(problems)
     grads = torch.autograd.grad(value, inputs)
     eager_value = loss(problems)

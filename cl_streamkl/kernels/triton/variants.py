@@ -15,8 +15,9 @@ Select them with the environment (read at import) or, for a block of code, with
   :data:`EXP2_VARIANTS` for the forward kernels / the dq and dk kernels.
 * ``CL_STREAMKL_GRAD_AFTER_DOT=1``: the dq kernels multiply by the upstream gradient g per row
   after the key loop instead of per score, and so do the dk kernels when g is the same for
-  every row of a (batch, head), as after a mean or sum (one product per score fewer; fp16 also
-  keeps small g·(P_s − P_t) away from underflow before the dot).
+  every row of a (batch, head), as after a sum, a batchmean or attention_kl_grouped's mean
+  (attention_kl's mean() backward materialises g). One product per score fewer; fp16 also
+  keeps small g·(P_s − P_t) away from underflow before the dot.
 """
 
 from __future__ import annotations
