@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_attention_kl import DTYPE_IDS, DTYPES, error_bound, low_precision_rows, rel_err
+from test_attention_kl import (
+    DTYPE_IDS,
+    DTYPES,
+    assert_compiled_matches_eager,
+    error_bound,
+    low_precision_rows,
+    rel_err,
+)
 
 from cl_streamkl import attention_kl, attention_kl_grouped, attention_kl_reference
 from cl_streamkl.kernels.triton import launch
@@ -210,16 +217,8 @@ def test_torch_compile_traces_the_grouped_ops(teacher_grad, device):
         weights = torch.arange(1.0, 4.0, device=problems[0][0].device)
         return (attention_kl_grouped(problems, temperature=2.0, backend="triton") * weights).sum()
 
-    torch._dynamo.reset()
-    compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)
     inputs = [tensor for problem in problems for tensor in (problem if teacher_grad else problem[:2])]
-    value = compiled(problems)
-    grads = torch.autograd.grad(value, inputs)
-    eager_value = loss(problems)
-    eager_grads = torch.autograd.grad(eager_value, inputs)
-    torch.testing.assert_close(value, eager_value)
-    for grad, eager_grad in zip(grads, eager_grads):
-        torch.testing.assert_close(grad, eager_grad)
+    assert_compiled_matches_eager(loss, (problems,), inputs, backend="aot_eager")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA and the inductor GPU backend")
@@ -231,14 +230,7 @@ def test_torch_compile_inductor_fullgraph_on_gpu():
     def loss(problems):
         return attention_kl_grouped(problems, backend="triton").sum()
 
-    compiled = torch.compile(loss, fullgraph=True)
-    value = compiled(problems)
-    grads = torch.autograd.grad(value, inputs)
-    eager_value = loss(problems)
-    eager_grads = torch.autograd.grad(eager_value, inputs)
-    torch.testing.assert_close(value, eager_value)
-    for grad, eager_grad in zip(grads, eager_grads):
-        torch.testing.assert_close(grad, eager_grad)
+    assert_compiled_matches_eager(loss, (problems,), inputs)
 
 
 def test_backends_agree_and_match_the_single_problem_kernels_bit_for_bit(device):
