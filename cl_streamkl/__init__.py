@@ -1,6 +1,6 @@
 """cl-streamkl: streaming attention-KL distillation for continual learning with vision transformers."""
 
-from cl_streamkl.attention_kl import AttentionKLDivLoss, attention_kl
+from cl_streamkl.attention_kl import AttentionKLDivLoss, attention_kl, attention_kl_grouped
 from cl_streamkl.capture import CompiledQK, QKCapture, TeacherQK, register_qk_extractor
 from cl_streamkl.kernels.reference import attention_kl_reference
 from cl_streamkl.strategies.distiller import AttentionDistiller
@@ -15,6 +15,7 @@ __all__ = [
     "TeacherQK",
     "__version__",
     "attention_kl",
+    "attention_kl_grouped",
     "attention_kl_reference",
     "register_qk_extractor",
 ]

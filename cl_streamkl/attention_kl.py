@@ -1,12 +1,14 @@
-"""Public entry points: :func:`attention_kl` and :class:`AttentionKLDivLoss`."""
+"""Public entry points: :func:`attention_kl`, :func:`attention_kl_grouped` and :class:`AttentionKLDivLoss`."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from cl_streamkl.kernels.torch_streaming import attention_kl_rows_torch
-from cl_streamkl.kernels.validation import check_inputs, check_options, reduce_rows
+from cl_streamkl.kernels.validation import check_grouped_inputs, check_inputs, check_options, reduce_rows
 
 
 def _resolve_backend(backend: str, device: torch.device) -> str:
@@ -95,6 +97,65 @@ def attention_kl(
     else:
         row_kl = attention_kl_rows_torch(q, k, q_teacher, k_teacher, problem)
     return reduce_rows(row_kl, reduction)
+
+
+def attention_kl_grouped(
+    problems: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
+    *,
+    scales: float | Sequence[float | None] | None = None,
+    teacher_scales: float | Sequence[float | None] | None = None,
+    temperature: float = 1.0,
+    causal: bool = False,
+    reduction: str = "mean",
+    backend: str = "auto",
+) -> torch.Tensor:
+    """:func:`attention_kl` of L problems of one shape at once: the distilled blocks of a model.
+
+    Entry l equals ``attention_kl(*problems[l], scale=scales[l], teacher_scale=teacher_scales[l],
+    temperature=temperature, causal=causal, reduction=reduction)``. On the triton backend the
+    forward is one kernel launch for all L problems, the backward one launch per backward
+    kernel (dq, dk), and the result has one autograd node; the torch backend computes the
+    problems one after another.
+
+    Args:
+        problems: L tuples (q, k, q_teacher, k_teacher), each as in :func:`attention_kl`:
+            q (B, H, Nq, Ds), k (B, H, Nk, Ds), q_teacher (B, H, Nq, Dt), k_teacher (B, H, Nk, Dt).
+            Every problem has the same shapes, dtype and device; strides may differ from
+            problem to problem (each is read in place, unit stride in the last dimension).
+        scales: student softmax scales: None (Ds**-0.5 for all), one number for all, or L
+            numbers or None.
+        teacher_scales: teacher softmax scales, likewise (default Dt**-0.5).
+        temperature: divides every score matrix; must be > 0.
+        causal: mask key j > query i in every problem (needs Nq == Nk).
+        reduction: "none" → (L, B, H, Nq); "sum", "mean" or "batchmean" → (L,), each
+            problem reduced as :func:`attention_kl` reduces it.
+        backend: "triton", "torch" or "auto", as in :func:`attention_kl`.
+
+    Returns:
+        A float32 tensor, (L, B, H, Nq) or (L,). Gradients flow to every problem's q and k,
+        and to q_teacher/k_teacher where they require grad, each in its input's layout.
+
+    Raises:
+        TypeError: a problem is not a tuple of tensors, dtypes are unsupported or differ.
+        ValueError: no problems, a tuple without four tensors, shapes or devices that differ
+            within or between problems, as many scales as problems, or a bad option.
+
+    Example:
+        >>> blocks = [tuple(torch.randn(2, 4, 197, 64) for _ in range(4)) for _ in range(12)]
+        >>> attention_kl_grouped(blocks).shape
+        torch.Size([12])
+    """
+    options = dict(temperature=temperature, causal=causal, reduction=reduction, backend=backend)
+    checked = check_grouped_inputs(problems, scales=scales, teacher_scales=teacher_scales, **options)
+    if _resolve_backend(backend, problems[0][0].device) == "triton":
+        from cl_streamkl.kernels.triton import attention_kl_rows_triton_grouped
+
+        row_kl = attention_kl_rows_triton_grouped(problems, checked)
+    else:
+        row_kl = torch.stack(
+            [attention_kl_rows_torch(*tensors, problem) for tensors, problem in zip(problems, checked)]
+        )
+    return reduce_rows(row_kl, reduction, grouped=True)
 
 
 class AttentionKLDivLoss(nn.Module):

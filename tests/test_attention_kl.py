@@ -296,6 +296,19 @@ def test_module_matches_function(backend, device):
     assert "batchmean" in repr(loss_fn)
 
 
+def assert_compiled_matches_eager(loss, args, inputs, backend="inductor"):
+    """torch.compile(loss, fullgraph=True) gives eager's value and gradients with respect to inputs."""
+    torch._dynamo.reset()
+    compiled = torch.compile(loss, backend=backend, fullgraph=True)
+    value = compiled(*args)
+    grads = torch.autograd.grad(value, inputs)
+    eager_value = loss(*args)
+    eager_grads = torch.autograd.grad(eager_value, inputs)
+    torch.testing.assert_close(value, eager_value)
+    for grad, eager_grad in zip(grads, eager_grads):
+        torch.testing.assert_close(grad, eager_grad)
+
+
 @pytest.mark.parametrize("teacher_grad", [False, True])
 def test_torch_compile_traces_the_custom_ops(teacher_grad, device):
     """fullgraph tracing through the registered ops, their fake kernels and autograd formula."""
@@ -305,16 +318,8 @@ def test_torch_compile_traces_the_custom_ops(teacher_grad, device):
     def loss(q, k, q_t, k_t):
         return attention_kl(q, k, q_t, k_t, temperature=2.0, backend="triton") * 3.0
 
-    torch._dynamo.reset()
-    compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)
     inputs = (q, k, q_t, k_t) if teacher_grad else (q, k)
-    value = compiled(q, k, q_t, k_t)
-    grads = torch.autograd.grad(value, inputs)
-    eager_value = loss(q, k, q_t, k_t)
-    eager_grads = torch.autograd.grad(eager_value, inputs)
-    torch.testing.assert_close(value, eager_value)
-    for grad, eager_grad in zip(grads, eager_grads):
-        torch.testing.assert_close(grad, eager_grad)
+    assert_compiled_matches_eager(loss, (q, k, q_t, k_t), inputs, backend="aot_eager")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA and the inductor GPU backend")
@@ -325,13 +330,7 @@ def test_torch_compile_inductor_fullgraph_on_gpu():
     def loss(q, k, q_t, k_t):
         return attention_kl(q, k, q_t, k_t, backend="triton")
 
-    compiled = torch.compile(loss, fullgraph=True)
-    value = compiled(q, k, q_t, k_t)
-    grad = torch.autograd.grad(value, q)[0]
-    eager_value = loss(q, k, q_t, k_t)
-    eager_grad = torch.autograd.grad(eager_value, q)[0]
-    torch.testing.assert_close(value, eager_value)
-    torch.testing.assert_close(grad, eager_grad)
+    assert_compiled_matches_eager(loss, (q, k, q_t, k_t), (q,))
 
 
 def test_torch_backend_keeps_float32_math_under_autocast(device):

@@ -1,11 +1,14 @@
-"""Bad input raises a clear ValueError/TypeError naming the argument, before any kernel launch."""
+"""Bad input raises a clear ValueError/TypeError naming the argument, before any kernel launch.
+
+For attention_kl, its module form and attention_kl_grouped (whose messages also name the problem).
+"""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from cl_streamkl import AttentionKLDivLoss, attention_kl
+from cl_streamkl import AttentionKLDivLoss, attention_kl, attention_kl_grouped
 
 
 def good(**overrides):
@@ -93,3 +96,31 @@ def test_triton_backend_on_a_device_it_cannot_run(monkeypatch):
     monkeypatch.setattr(triton_kernels, "INTERPRETING", False)
     with pytest.raises(ValueError, match="backend='triton' needs CUDA tensors"):
         call({"backend": "triton"})
+
+
+def good_problem(**overrides):
+    return tuple(good(**overrides).values())
+
+
+GROUPED_CASES = [
+    ([], {}, ValueError, "problems must hold at least one"),
+    (torch.randn(2, 4, 2, 3, 8, 16), {}, TypeError, "problems must be a sequence of"),
+    ([good_problem()[:3]], {}, ValueError, r"problems\[0\] must hold 4 tensors"),
+    ([good_problem(), torch.randn(2, 3, 8, 16)], {}, TypeError, r"problems\[1\] must be a \(q, k"),
+    ([good_problem(), good_problem(k=torch.randn(2, 3, 10))], {}, ValueError, r"problems\[1\]: k must have 4 dimensions"),
+    ([good_problem(), good_problem(k=torch.randn(2, 3, 12, 16), k_teacher=torch.randn(2, 3, 12, 32))], {},
+     ValueError, r"problems\[1\]: k has shape \(2, 3, 12, 16\) but problems\[0\]'s has"),
+    ([good_problem(), tuple(t.half() for t in good_problem())], {}, TypeError, r"problems\[1\]: q has dtype"),
+    ([good_problem(), tuple(t.to("meta") for t in good_problem())], {}, ValueError, r"problems\[1\]: q is on meta"),
+    ([good_problem()] * 2, {"scales": [0.1]}, ValueError, "scales has 1 entries but there are 2 problems"),
+    ([good_problem()] * 2, {"teacher_scales": "0.1"}, TypeError, "teacher_scales must be None, a number"),
+    ([good_problem()] * 2, {"scales": [0.1, -1.0]}, ValueError, r"problems\[1\]: scale must be a finite number > 0"),
+    ([good_problem()], {"reduction": "avg"}, ValueError, "reduction must be one of"),
+    ([good_problem()], {"causal": True}, ValueError, r"problems\[0\]: causal=True needs as many queries as keys"),
+]
+
+
+@pytest.mark.parametrize("problems,options,error,message", GROUPED_CASES, ids=[c[3] for c in GROUPED_CASES])
+def test_bad_grouped_input(problems, options, error, message):
+    with pytest.raises(error, match=message):
+        attention_kl_grouped(problems, **options)

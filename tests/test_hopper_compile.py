@@ -4,8 +4,15 @@ The CPU interpreter that the other tests use never runs Triton's compiler, so a
 kernel that the interpreter accepts can still fail to compile for a real GPU
 (a runtime condition where a compile-time one is needed, a tile shape tl.dot
 refuses, ...). Triton's compiler and ptxas ship with the triton wheel and need no
-GPU, so this test compiles each kernel for sm_90 in a fresh process (pytest
-itself runs with TRITON_INTERPRET=1).
+GPU, so this test compiles each kernel for sm_90 in a fresh process (the pytest
+process itself runs with TRITON_INTERPRET=1): the one-problem and the grouped kernels,
+causal and not, and every arithmetic variant (``kernels/triton/variants.py``).
+
+Arguments are specialised as Triton specialises a launch on timm's q/k views (addresses and
+strides divisible by 16), so the PTX also shows what the GPU would run: the test checks that
+the grouped kernels load their tiles with the same 16-byte asynchronous copies as the
+one-problem kernels (their addresses come from a table, so only hints tell the compiler they
+are aligned) and that each exp2 variant leaves fewer hardware exponentials.
 
 Run directly (``python tests/test_hopper_compile.py``) it prints one line per kernel.
 """
@@ -13,74 +20,126 @@ Run directly (``python tests/test_hopper_compile.py``) it prints one line per ke
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
-# bf16 at the default GPU tiles (forward 128x64, backward 64x64), causal and not; the
-# backward with teacher gradients, which compiles every code path of the frozen-teacher case.
-CASES = [
-    (kind, causal, block_m, block_n)
-    for causal in (False, True)
-    for kind, block_m, block_n in (("fwd", 128, 64), ("dq", 64, 64), ("dk", 64, 64))
-]
+
+class Case(NamedTuple):
+    kind: str  # "fwd", "dq" or "dk"
+    causal: bool = False
+    grouped: bool = False
+    exp2: str = "hardware"  # a key of variants.EXP2_VARIANTS
+    grad_after_dot: bool = False
+
+    def label(self) -> str:
+        return " ".join(
+            [self.kind, "causal" if self.causal else "full", "grouped" if self.grouped else "single", self.exp2]
+            + (["grad-after-dot"] if self.grad_after_dot else [])
+        )
 
 
-def compile_for_hopper(kind: str, causal: bool, block_m: int, block_n: int) -> None:
+POLY_VARIANTS = ["poly3-half", "poly3-quarter", "poly3-eighth", "poly5-half", "poly5-quarter", "poly5-eighth"]
+# bf16 at the default GPU tiles (forward 128x64, backward 64x64), the backward with teacher
+# gradients, which compiles every code path of the frozen-teacher case. Each exp2 variant in
+# the forward and in the dk kernel (the transposed score tile); the dq kernel with two.
+CASES = (
+    [Case(kind, causal, grouped) for grouped in (False, True) for causal in (False, True) for kind in ("fwd", "dq", "dk")]
+    + [Case(kind, exp2=variant) for variant in POLY_VARIANTS for kind in ("fwd", "dk")]
+    + [Case("dq", exp2="poly3-eighth"), Case("dq", exp2="poly5-quarter", grad_after_dot=True)]
+    + [Case(kind, grad_after_dot=True) for kind in ("dq", "dk")]
+    + [Case(kind, grouped=True, grad_after_dot=True) for kind in ("dq", "dk")]
+)
+
+
+def compile_for_hopper(case: Case):
     """Compile one kernel for sm_90 (bf16 inputs, head dims 64); raises on a compile error."""
     import triton
+    import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from cl_streamkl.kernels.triton import backward, forward
+    from cl_streamkl.kernels.triton.variants import EXP2_VARIANTS
 
-    kernel = {
-        "fwd": forward._attention_kl_fwd_kernel,
-        "dq": backward._attention_kl_bwd_dq_kernel,
-        "dk": backward._attention_kl_bwd_dk_kernel,
-    }[kind]
+    if case.kind == "fwd":
+        kernel = forward._attention_kl_grouped_fwd_kernel if case.grouped else forward._attention_kl_fwd_kernel
+    elif case.grouped:
+        kernel = backward._attention_kl_grouped_bwd_kernel  # both sides, by KEY_SIDE
+    else:
+        kernel = backward._attention_kl_bwd_dq_kernel if case.kind == "dq" else backward._attention_kl_bwd_dk_kernel
+    degree, splits = EXP2_VARIANTS[case.exp2]
     constants = {
-        "CAUSAL": causal,
+        "CAUSAL": case.causal,
         "DOT_PRECISION": "tf32",
-        "BLOCK_M": block_m,
-        "BLOCK_N": block_n,
+        "POLY_EXP2_DEGREE": degree,
+        "POLY_EXP2_SPLITS": splits,
+        "BLOCK_M": 128 if case.kind == "fwd" else 64,
+        "BLOCK_N": 64,
         "BLOCK_DS": 64,
         "BLOCK_DT": 64,
     }
-    if kind != "fwd":
+    if case.kind != "fwd":
         constants["TEACHER_GRAD"] = True
+    if case.kind != "fwd":
+        constants["GRAD_AFTER_DOT"] = case.grad_after_dot
+    if case.grouped:
+        constants.update(ELEMENT=tl.bfloat16, ALIGNED=True)
+        if case.kind != "fwd":
+            constants["KEY_SIDE"] = case.kind == "dk"
+    # Integer arguments Triton would not see as divisible by 16 at 32x12x197x64.
+    odd_integers = {"num_heads", "n_q", "n_k", "batch_size", "stride_gl"}
     float32_pointers = {"ROW_KL", "LSE_S", "LSE_T", "GRAD"}
-    signature = {}
-    for name in kernel.arg_names:
-        if name in constants:
-            signature[name] = "constexpr"
-        elif name.isupper() and not name.endswith("_BUCKET"):  # tensors; the buckets are ints
-            signature[name] = "*fp32" if name in float32_pointers else "*bf16"
-        elif name.startswith("scale"):
-            signature[name] = "fp32"
+    signature, attrs = {}, {}
+    for index, arg in enumerate(kernel.arg_names):
+        if arg in constants:
+            signature[arg] = "constexpr"
+            continue
+        if arg == "TABLE":
+            signature[arg] = "*i64"
+        elif arg.isupper() and not arg.endswith("_BUCKET"):  # tensors; the buckets are ints
+            signature[arg] = "*fp32" if arg in float32_pointers else "*bf16"
+        elif arg.startswith("scale"):
+            signature[arg] = "fp32"
+            continue
         else:
-            signature[name] = "i32"
+            signature[arg] = "i32"
+            if arg in odd_integers:
+                continue
+        attrs[(index,)] = [["tt.divisibility", 16]]
     source = ASTSource(
         fn=kernel,
         signature=signature,
-        constexprs={(kernel.arg_names.index(name),): value for name, value in constants.items()},
+        constexprs={(kernel.arg_names.index(arg),): value for arg, value in constants.items()},
+        attrs=attrs,
     )
-    triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 2})
+    warps, stages = (8, 3) if case.kind == "fwd" else (4, 2)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+
+
+def ptx_counts(ptx: str) -> dict[str, int]:
+    """Hardware exponentials and 16-byte asynchronous global-to-shared copies in a kernel's PTX."""
+    return {
+        "ex2": len(re.findall(r"\bex2\.approx", ptx)),
+        "copy16": len(re.findall(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10\b", ptx)),
+    }
 
 
 def main() -> int:
     failures = 0
     for case in CASES:
         try:
-            compile_for_hopper(*case)
-            print(f"ok   {case}", flush=True)
+            counts = ptx_counts(compile_for_hopper(case).asm["ptx"])
+            print(f"ok   {case.label()} | " + " ".join(f"{key}={value}" for key, value in counts.items()), flush=True)
         except Exception as error:  # report every kernel, then fail
             failures += 1
-            print(f"FAIL {case}: {type(error).__name__}: {error}", flush=True)
+            print(f"FAIL {case.label()}: {type(error).__name__}: {error}", flush=True)
     return 1 if failures else 0
 
 
@@ -89,10 +148,22 @@ def test_kernels_compile_for_sm90():
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     result = subprocess.run(
-        [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=900, cwd=REPO
+        [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=1800, cwd=REPO
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count("ok ") == len(CASES)
+    counts = {}
+    for line in result.stdout.splitlines():
+        label, _, values = line.removeprefix("ok   ").partition(" | ")
+        counts[label] = {key: int(value) for key, value in (item.split("=") for item in values.split())}
+    assert len(counts) == len(CASES)
+    for case in CASES:
+        these = counts[case.label()]
+        baseline = counts[case._replace(grouped=False, exp2="hardware", grad_after_dot=False).label()]
+        assert these["copy16"] > 0, f"{case.label()}: tiles are not loaded with 16-byte copies"
+        if case.grouped:
+            assert these == baseline, f"{case.label()} compiles to other loads or exponentials than {baseline}"
+        if case.exp2 != "hardware":
+            assert these["ex2"] < baseline["ex2"], f"{case.label()}: no hardware exponential moved"
 
 
 if __name__ == "__main__":

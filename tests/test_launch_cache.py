@@ -129,7 +129,8 @@ def test_replayed_kernels_match_launches_through_triton(monkeypatch, shape, dtyp
         return [out, *torch.autograd.grad((out * upstream).sum(), wanted)]
 
     first, replayed = run(), run()  # the second call replays the compiled kernels
-    for launcher in KERNEL_LAUNCHERS.values():
+    for name in ("forward", "backward_dq", "backward_dk"):
+        launcher = KERNEL_LAUNCHERS[name]
         assert launcher._compiled, "the GPU path should have cached a compiled kernel"
         monkeypatch.setattr(launcher, "replay", False)
     through_triton = run()
@@ -137,6 +138,56 @@ def test_replayed_kernels_match_launches_through_triton(monkeypatch, shape, dtyp
     for a, b, c in zip(first, replayed, through_triton):
         assert torch.isfinite(a).all()
         assert torch.equal(a, b) and torch.equal(a, c)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="replays compiled kernels on CUDA only")
+@pytest.mark.parametrize("teacher_grad", [False, True])
+def test_replayed_grouped_kernels_match_launches_through_triton(monkeypatch, teacher_grad):
+    from cl_streamkl import attention_kl_grouped
+    from cl_streamkl.kernels.triton import KERNEL_LAUNCHERS
+
+    torch.manual_seed(0)
+    shape = (3, 4, 197, 64)
+    problems = [
+        [torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=grad) for grad in (True, True, teacher_grad, teacher_grad)]
+        for _ in range(4)
+    ]
+    wanted = [tensor for problem in problems for tensor in problem if tensor.requires_grad]
+    upstream = torch.randn(4, *shape[:3], device="cuda")
+
+    def run():
+        out = attention_kl_grouped(problems, reduction="none", backend="triton")
+        return [out, *torch.autograd.grad((out * upstream).sum(), wanted)]
+
+    first, replayed = run(), run()
+    for name in ("grouped_forward", "grouped_backward_dq", "grouped_backward_dk"):
+        assert KERNEL_LAUNCHERS[name]._compiled, "the GPU path should have cached a compiled kernel"
+        monkeypatch.setattr(KERNEL_LAUNCHERS[name], "replay", False)
+    through_triton = run()
+    for a, b, c in zip(first, replayed, through_triton):
+        assert torch.isfinite(a).all()
+        assert torch.equal(a, b) and torch.equal(a, c)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need CUDA")
+def test_grouped_forward_replays_from_a_cuda_graph():
+    """The address table's host copy outlives the capture, so replays read the graph's inputs."""
+    from cl_streamkl import attention_kl_grouped
+
+    torch.manual_seed(0)
+    problems = [[torch.randn(2, 3, 197, 64, device="cuda", dtype=torch.bfloat16) for _ in range(4)] for _ in range(3)]
+    with torch.no_grad():
+        attention_kl_grouped(problems, reduction="none", backend="triton")  # compile before capturing
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = attention_kl_grouped(problems, reduction="none", backend="triton")
+        for problem in problems:
+            for tensor in problem:
+                tensor.copy_(torch.randn_like(tensor))
+        graph.replay()
+        expected = attention_kl_grouped(problems, reduction="none", backend="triton")
+    torch.cuda.synchronize()
+    assert torch.equal(captured, expected)
 
 
 @pytest.mark.parametrize("kind", ["fwd", "bwd"])
@@ -164,6 +215,16 @@ def test_autotune_pruning_keeps_small_tiles_for_wide_heads_and_fp32(kind, dtype,
     assert all(config.num_stages <= 2 for config in kept) == two_stages
     if not small_only:
         assert kept == configs
+
+
+def test_grouped_kernels_prune_by_their_element_constexpr():
+    import triton.language as tl
+
+    configs = tuning.autotune_configs("fwd")
+    named_args = {"d_s": 64, "d_t": 64, "N_Q_BUCKET": 8192, "N_K_BUCKET": 8192}
+    kept_fp32 = tuning.prune_configs(configs, named_args, kind="fwd", ELEMENT=tl.float32)
+    assert max(c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] for c in kept_fp32) <= 64 * 64
+    assert tuning.prune_configs(configs, named_args, kind="fwd", ELEMENT=tl.bfloat16) == configs
 
 
 @pytest.mark.parametrize("kind", ["fwd", "bwd"])

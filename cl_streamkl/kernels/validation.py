@@ -8,6 +8,7 @@ an out-of-bounds read or a silently wrong answer.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from numbers import Real
 
@@ -185,10 +186,107 @@ def check_inputs(
     )
 
 
-def reduce_rows(row_kl: torch.Tensor, reduction: str) -> torch.Tensor:
-    """Apply ``reduction`` to per-row KL values of shape (B, H, Nq)."""
+def _per_problem_scales(name: str, value: object, count: int) -> list[float | None]:
+    """``scales`` / ``teacher_scales`` of :func:`check_grouped_inputs` as one entry per problem."""
+    if value is None or (isinstance(value, Real) and not isinstance(value, bool)):
+        return [value] * count
+    if isinstance(value, (torch.Tensor, str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"{name} must be None, a number or a sequence of {count} numbers or None, "
+                        f"got {type(value).__name__}")
+    if len(value) != count:
+        raise ValueError(f"{name} has {len(value)} entries but there are {count} problems")
+    return list(value)
+
+
+def check_grouped_inputs(
+    problems: Sequence[Sequence[torch.Tensor]],
+    *,
+    scales: float | Sequence[float | None] | None,
+    teacher_scales: float | Sequence[float | None] | None,
+    temperature: float,
+    causal: bool,
+    reduction: str,
+    backend: str,
+) -> list[AttentionKLProblem]:
+    """Validate the L problems of ``attention_kl_grouped``: each as :func:`check_inputs` does,
+    and all of one shape, dtype and device.
+
+    Args:
+        problems: L tuples (q, k, q_teacher, k_teacher).
+        scales, teacher_scales: None, one number for every problem, or L numbers or None.
+        temperature, causal, reduction, backend: as in :func:`cl_streamkl.attention_kl`.
+
+    Returns:
+        Each problem's sizes and effective scales.
+
+    Raises:
+        TypeError: a problem is not a sequence, a tensor is not one or its dtype is unsupported
+            or differs between problems, or a scale argument has the wrong type.
+        ValueError: no problems, a problem without four tensors, shapes or devices that differ
+            between problems, as many scales as problems, or as :func:`check_inputs`.
+    """
+    check_options(
+        scale=None, teacher_scale=None, temperature=temperature, causal=causal, reduction=reduction, backend=backend
+    )
+    if isinstance(problems, torch.Tensor) or not isinstance(problems, Sequence):
+        raise TypeError(
+            f"problems must be a sequence of (q, k, q_teacher, k_teacher) tuples, got {type(problems).__name__}"
+        )
+    if len(problems) == 0:
+        raise ValueError("problems must hold at least one (q, k, q_teacher, k_teacher) tuple")
+    student_scales = _per_problem_scales("scales", scales, len(problems))
+    teacher_scale_values = _per_problem_scales("teacher_scales", teacher_scales, len(problems))
+    checked = []
+    for index, problem in enumerate(problems):
+        if isinstance(problem, torch.Tensor) or not isinstance(problem, Sequence):
+            raise TypeError(
+                f"problems[{index}] must be a (q, k, q_teacher, k_teacher) tuple, got {type(problem).__name__}"
+            )
+        if len(problem) != 4:
+            raise ValueError(
+                f"problems[{index}] must hold 4 tensors (q, k, q_teacher, k_teacher), got {len(problem)}"
+            )
+        try:
+            checked.append(
+                check_inputs(
+                    *problem,
+                    scale=student_scales[index],
+                    teacher_scale=teacher_scale_values[index],
+                    temperature=temperature,
+                    causal=causal,
+                    reduction=reduction,
+                    backend=backend,
+                )
+            )
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"problems[{index}]: {error}") from None
+        for name, tensor, first in zip(_TENSOR_NAMES, problem, problems[0]):
+            if tensor.shape != first.shape:
+                raise ValueError(
+                    f"problems[{index}]: {name} has shape {tuple(tensor.shape)} but problems[0]'s has "
+                    f"{tuple(first.shape)}; all problems must share their shapes"
+                )
+            if tensor.dtype != first.dtype:
+                raise TypeError(f"problems[{index}]: {name} has dtype {tensor.dtype} but problems[0]'s has {first.dtype}")
+            if tensor.device != first.device:
+                raise ValueError(f"problems[{index}]: {name} is on {tensor.device} but problems[0]'s is on {first.device}")
+    return checked
+
+
+def reduce_rows(row_kl: torch.Tensor, reduction: str, grouped: bool = False) -> torch.Tensor:
+    """Apply ``reduction`` to per-row KL values of shape (B, H, Nq).
+
+    With ``grouped`` the values are (L, B, H, Nq) and each problem is reduced on its own:
+    (L,) for every reduction but "none".
+    """
     if reduction == "none":
         return row_kl
+    if grouped:
+        # sum then divide, not mean(): the backward then hands the kernels an expanded (row
+        # stride 0) gradient instead of materialising one (see variants.KernelVariant.grad_after_dot).
+        total = row_kl.flatten(1).sum(1)
+        divisor = {"sum": 1, "mean": row_kl[0].numel(), "batchmean": row_kl.size(1)}[reduction]
+        return total if divisor == 1 else total / divisor
     if reduction == "sum":
         return row_kl.sum()
     if reduction == "mean":

@@ -1,9 +1,12 @@
-"""The forward kernel: per query row, KL(softmax(s_t) ‖ softmax(s_s)) in one pass over the keys.
+"""The forward kernels: per query row, KL(softmax(s_t) ‖ softmax(s_s)) in one pass over the keys.
 
 An online softmax for each of the two score rows (running maximum and sum, base 2:
 u = s·log2(e)) and the teacher-weighted score gap, so
     KL_i = Σ_j p_t (s_t − s_s) − lse_t + lse_s
 needs no second pass. The log-sum-exps are stored for the backward kernels.
+``_attention_kl_fwd_kernel`` runs one problem; ``_attention_kl_grouped_fwd_kernel`` runs L
+problems of one shape (the distilled blocks of a model) in one launch, reading each problem's
+addresses, strides and scales from a table. Both run :func:`_fwd_rows` per query tile.
 Kernel names keep Triton's leading underscore: they are the names profilers show
 (benchmarks/profile_step.py sorts kernel time by them).
 """
@@ -13,7 +16,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from cl_streamkl.kernels.triton.common import dot, key_ranges, load_rows
+from cl_streamkl.kernels.triton.common import (
+    FORWARD_TABLE_WIDTH,
+    dot,
+    key_ranges,
+    load_rows,
+    program_coordinates,
+    table_rows,
+    table_scale,
+    teacher_exp2,
+)
 
 
 @triton.jit
@@ -22,6 +34,7 @@ def _fwd_tile(
     scale_s_log2, scale_t_log2,
     max_s, sum_s, max_t, sum_t, gap,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    POLY_EXP2_DEGREE: tl.constexpr, POLY_EXP2_SPLITS: tl.constexpr,
 ):
     """One key tile of the online forward; returns the updated running state."""
     u_s = dot(q, tl.trans(k), DOT_PRECISION) * scale_s_log2
@@ -41,10 +54,64 @@ def _fwd_tile(
 
     new_max_t = tl.maximum(max_t, tl.max(u_t, 1))
     rescale_t = tl.math.exp2(max_t - new_max_t)
-    p_t = tl.math.exp2(u_t - new_max_t[:, None])
+    p_t = teacher_exp2(u_t - new_max_t[:, None], POLY_EXP2_DEGREE, POLY_EXP2_SPLITS)
     sum_t = sum_t * rescale_t + tl.sum(p_t, 1)
     gap = gap * rescale_t + tl.sum(p_t * score_gap, 1)
     return new_max_s, sum_s, new_max_t, sum_t, gap
+
+
+@triton.jit
+def _fwd_rows(
+    q_base, k_base, qt_base, kt_base,  # row 0 of this (batch, head) in Q, K, QT, KT
+    stride_qn, stride_kn, stride_qtn, stride_ktn,
+    ROW_KL, LSE_S, LSE_T, out_base,  # outputs, and the index of this (batch, head)'s row 0 in them
+    pid_m, n_q, n_k, d_s, d_t, scale_s_log2, scale_t_log2,
+    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    POLY_EXP2_DEGREE: tl.constexpr, POLY_EXP2_SPLITS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DS: tl.constexpr, BLOCK_DT: tl.constexpr,
+):
+    """Query tile ``pid_m`` of one (batch, head): stream over its keys, store KL and both lse."""
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.arange(0, BLOCK_N)
+    dims_s = tl.arange(0, BLOCK_DS)
+    dims_t = tl.arange(0, BLOCK_DT)
+
+    q = load_rows(q_base, rows, stride_qn, dims_s, n_q, d_s)
+    qt = load_rows(qt_base, rows, stride_qtn, dims_t, n_q, d_t)
+
+    max_s = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    max_t = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    sum_s = tl.zeros([BLOCK_M], tl.float32)
+    sum_t = tl.zeros([BLOCK_M], tl.float32)
+    gap = tl.zeros([BLOCK_M], tl.float32)
+
+    full_end, key_end = key_ranges(pid_m, n_k, CAUSAL, BLOCK_M, BLOCK_N)
+    for start_n in range(0, full_end, BLOCK_N):
+        keys = start_n + cols
+        k = load_rows(k_base, keys, stride_kn, dims_s, n_k, d_s)
+        kt = load_rows(kt_base, keys, stride_ktn, dims_t, n_k, d_t)
+        max_s, sum_s, max_t, sum_t, gap = _fwd_tile(
+            q, qt, k, kt, rows, keys, n_k, scale_s_log2, scale_t_log2,
+            max_s, sum_s, max_t, sum_t, gap, False, CAUSAL, DOT_PRECISION, POLY_EXP2_DEGREE, POLY_EXP2_SPLITS,
+        )
+    for start_n in range(full_end, key_end, BLOCK_N):
+        keys = start_n + cols
+        k = load_rows(k_base, keys, stride_kn, dims_s, n_k, d_s)
+        kt = load_rows(kt_base, keys, stride_ktn, dims_t, n_k, d_t)
+        max_s, sum_s, max_t, sum_t, gap = _fwd_tile(
+            q, qt, k, kt, rows, keys, n_k, scale_s_log2, scale_t_log2,
+            max_s, sum_s, max_t, sum_t, gap, True, CAUSAL, DOT_PRECISION, POLY_EXP2_DEGREE, POLY_EXP2_SPLITS,
+        )
+
+    log2_sum_s = tl.math.log2(sum_s)
+    log2_sum_t = tl.math.log2(sum_t)
+    # Subtract the maxima first: both log-sum-exps can be large and nearly equal.
+    row_kl = (gap / sum_t - (max_t - max_s) - log2_sum_t + log2_sum_s) * 0.6931471805599453
+    out = out_base + rows.to(tl.int64)
+    row_ok = rows < n_q
+    tl.store(ROW_KL + out, row_kl, mask=row_ok)
+    tl.store(LSE_S + out, max_s + log2_sum_s, mask=row_ok)
+    tl.store(LSE_T + out, max_t + log2_sum_t, mask=row_ok)
 
 
 @triton.jit
@@ -66,58 +133,44 @@ def _attention_kl_fwd_kernel(
     N_Q_BUCKET, N_K_BUCKET,  # autotune keys only
     CAUSAL: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    POLY_EXP2_DEGREE: tl.constexpr,  # 0: every exponential on the MUFU; see common.teacher_exp2
+    POLY_EXP2_SPLITS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_DS: tl.constexpr,
     BLOCK_DT: tl.constexpr,
 ):
-    query_tiles = tl.cdiv(n_q, BLOCK_M)
-    pid = tl.program_id(0)
-    pid_m = pid % query_tiles
-    pid_bh = (pid // query_tiles).to(tl.int64)
-    batch = pid_bh // num_heads
-    head = pid_bh % num_heads
-    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.arange(0, BLOCK_N)
-    dims_s = tl.arange(0, BLOCK_DS)
-    dims_t = tl.arange(0, BLOCK_DT)
+    pid_m, pid_bh, batch, head = program_coordinates(n_q, BLOCK_M, num_heads)
+    _fwd_rows(
+        Q + batch * stride_qb + head * stride_qh, K + batch * stride_kb + head * stride_kh,
+        QT + batch * stride_qtb + head * stride_qth, KT + batch * stride_ktb + head * stride_kth,
+        stride_qn, stride_kn, stride_qtn, stride_ktn, ROW_KL, LSE_S, LSE_T, pid_bh * n_q,
+        pid_m, n_q, n_k, d_s, d_t, scale_s_log2, scale_t_log2, CAUSAL, DOT_PRECISION,
+        POLY_EXP2_DEGREE, POLY_EXP2_SPLITS, BLOCK_M, BLOCK_N, BLOCK_DS, BLOCK_DT,
+    )
 
-    q = load_rows(Q + batch * stride_qb + head * stride_qh, rows, stride_qn, dims_s, n_q, d_s)
-    qt = load_rows(QT + batch * stride_qtb + head * stride_qth, rows, stride_qtn, dims_t, n_q, d_t)
-    k_base = K + batch * stride_kb + head * stride_kh
-    kt_base = KT + batch * stride_ktb + head * stride_kth
 
-    max_s = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    max_t = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    sum_s = tl.zeros([BLOCK_M], tl.float32)
-    sum_t = tl.zeros([BLOCK_M], tl.float32)
-    gap = tl.zeros([BLOCK_M], tl.float32)
-
-    full_end, key_end = key_ranges(pid_m, n_k, CAUSAL, BLOCK_M, BLOCK_N)
-    for start_n in range(0, full_end, BLOCK_N):
-        keys = start_n + cols
-        k = load_rows(k_base, keys, stride_kn, dims_s, n_k, d_s)
-        kt = load_rows(kt_base, keys, stride_ktn, dims_t, n_k, d_t)
-        max_s, sum_s, max_t, sum_t, gap = _fwd_tile(
-            q, qt, k, kt, rows, keys, n_k, scale_s_log2, scale_t_log2,
-            max_s, sum_s, max_t, sum_t, gap, False, CAUSAL, DOT_PRECISION,
-        )
-    for start_n in range(full_end, key_end, BLOCK_N):
-        keys = start_n + cols
-        k = load_rows(k_base, keys, stride_kn, dims_s, n_k, d_s)
-        kt = load_rows(kt_base, keys, stride_ktn, dims_t, n_k, d_t)
-        max_s, sum_s, max_t, sum_t, gap = _fwd_tile(
-            q, qt, k, kt, rows, keys, n_k, scale_s_log2, scale_t_log2,
-            max_s, sum_s, max_t, sum_t, gap, True, CAUSAL, DOT_PRECISION,
-        )
-
-    log2_sum_s = tl.math.log2(sum_s)
-    log2_sum_t = tl.math.log2(sum_t)
-    # Subtract the maxima first: both log-sum-exps can be large and nearly equal.
-    row_kl = (gap / sum_t - (max_t - max_s) - log2_sum_t + log2_sum_s) * 0.6931471805599453
-    out = pid_bh * n_q + rows.to(tl.int64)
-    row_ok = rows < n_q
-    tl.store(ROW_KL + out, row_kl, mask=row_ok)
-    tl.store(LSE_S + out, max_s + log2_sum_s, mask=row_ok)
-    tl.store(LSE_T + out, max_t + log2_sum_t, mask=row_ok)
-
+@triton.jit
+def _attention_kl_grouped_fwd_kernel(
+    TABLE,  # [L, FORWARD_TABLE_WIDTH] int64: per problem both base-2 scales, q, k, q_t, k_t (common.table_rows)
+    ROW_KL, LSE_S, LSE_T,  # [L, B, H, Nq] float32, contiguous; the lse in base 2
+    batch_size, num_heads, n_q, n_k, d_s, d_t,  # shared by all L problems
+    N_Q_BUCKET, N_K_BUCKET,  # autotune keys only
+    ELEMENT: tl.constexpr, ALIGNED: tl.constexpr,  # the inputs' dtype; see common.table_rows
+    CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    POLY_EXP2_DEGREE: tl.constexpr, POLY_EXP2_SPLITS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DS: tl.constexpr, BLOCK_DT: tl.constexpr,
+):
+    pid_m, pid_bh, batch, head = program_coordinates(n_q, BLOCK_M, num_heads)
+    entry = TABLE + (batch // batch_size) * FORWARD_TABLE_WIDTH
+    batch = batch % batch_size
+    q_base, stride_qn = table_rows(entry, 0, batch, head, ELEMENT, ALIGNED)
+    k_base, stride_kn = table_rows(entry, 1, batch, head, ELEMENT, ALIGNED)
+    qt_base, stride_qtn = table_rows(entry, 2, batch, head, ELEMENT, ALIGNED)
+    kt_base, stride_ktn = table_rows(entry, 3, batch, head, ELEMENT, ALIGNED)
+    _fwd_rows(
+        q_base, k_base, qt_base, kt_base, stride_qn, stride_kn, stride_qtn, stride_ktn,
+        ROW_KL, LSE_S, LSE_T, pid_bh * n_q, pid_m, n_q, n_k, d_s, d_t,
+        table_scale(entry, 0), table_scale(entry, 1), CAUSAL, DOT_PRECISION,
+        POLY_EXP2_DEGREE, POLY_EXP2_SPLITS, BLOCK_M, BLOCK_N, BLOCK_DS, BLOCK_DT,
+    )

@@ -2,37 +2,58 @@
 
 Each kernel runs through a :class:`~cl_streamkl.kernels.triton.launch_cache.KernelLauncher`
 (autotuned per :mod:`cl_streamkl.kernels.triton.tuning`), which replays the compiled kernel
-after the first launch of each argument signature.
+after the first launch of each argument signature. The grouped launchers run L problems of
+one shape in one launch per kernel: they pass each problem's addresses, strides and scales
+in an int64 table (``common.table_rows``) copied to the device once per launch.
 """
 
 from __future__ import annotations
 
 import contextlib
+import struct
+from collections.abc import Sequence
 
 import torch
+import triton.language as tl
 
-from cl_streamkl.kernels.triton.backward import _attention_kl_bwd_dk_kernel, _attention_kl_bwd_dq_kernel
-from cl_streamkl.kernels.triton.common import INTERPRETING
-from cl_streamkl.kernels.triton.forward import _attention_kl_fwd_kernel
+from cl_streamkl.kernels.triton.backward import (
+    _attention_kl_bwd_dk_kernel,
+    _attention_kl_bwd_dq_kernel,
+    _attention_kl_grouped_bwd_kernel,
+)
+from cl_streamkl.kernels.triton.common import BACKWARD_TABLE_WIDTH, FORWARD_TABLE_WIDTH, INTERPRETING
+from cl_streamkl.kernels.triton.forward import _attention_kl_fwd_kernel, _attention_kl_grouped_fwd_kernel
 from cl_streamkl.kernels.triton.launch_cache import KernelLauncher
 from cl_streamkl.kernels.triton.tuning import block_dim, launch_options, length_bucket, tuned
+from cl_streamkl.kernels.triton.variants import kernel_variant
 
 LOG2_E = 1.4426950408889634
 
 
-FORWARD_LAUNCHER = KernelLauncher(tuned(_attention_kl_fwd_kernel, "fwd"), replay=not INTERPRETING)
-BACKWARD_DQ_LAUNCHER = KernelLauncher(
-    tuned(_attention_kl_bwd_dq_kernel, "bwd", ("TEACHER_GRAD",)), replay=not INTERPRETING
-)
-BACKWARD_DK_LAUNCHER = KernelLauncher(
-    tuned(_attention_kl_bwd_dk_kernel, "bwd", ("TEACHER_GRAD",)), replay=not INTERPRETING
-)
+def _launcher(kernel, kind: str, extra_keys: tuple[str, ...] = ()) -> KernelLauncher:
+    return KernelLauncher(tuned(kernel, kind, extra_keys), replay=not INTERPRETING)
+
+
+FORWARD_LAUNCHER = _launcher(_attention_kl_fwd_kernel, "fwd")
+BACKWARD_DQ_LAUNCHER = _launcher(_attention_kl_bwd_dq_kernel, "bwd", ("TEACHER_GRAD",))
+BACKWARD_DK_LAUNCHER = _launcher(_attention_kl_bwd_dk_kernel, "bwd", ("TEACHER_GRAD",))
+GROUPED_FORWARD_LAUNCHER = _launcher(_attention_kl_grouped_fwd_kernel, "fwd")
+# One grouped backward kernel serves both sides (KEY_SIDE), tuned per side; each side keeps its
+# own launcher and replay cache.
+_GROUPED_BACKWARD = tuned(_attention_kl_grouped_bwd_kernel, "bwd", ("TEACHER_GRAD", "KEY_SIDE"))
+GROUPED_BACKWARD_DQ_LAUNCHER = KernelLauncher(_GROUPED_BACKWARD, replay=not INTERPRETING)
+GROUPED_BACKWARD_DK_LAUNCHER = KernelLauncher(_GROUPED_BACKWARD, replay=not INTERPRETING)
 # By name, for code that inspects the launchers (their replay caches, the autotuned tiles).
 KERNEL_LAUNCHERS = {
     "forward": FORWARD_LAUNCHER,
     "backward_dq": BACKWARD_DQ_LAUNCHER,
     "backward_dk": BACKWARD_DK_LAUNCHER,
+    "grouped_forward": GROUPED_FORWARD_LAUNCHER,
+    "grouped_backward_dq": GROUPED_BACKWARD_DQ_LAUNCHER,
+    "grouped_backward_dk": GROUPED_BACKWARD_DK_LAUNCHER,
 }
+
+_TRITON_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
 def _dot_precision(dtype: torch.dtype) -> str:
@@ -88,6 +109,34 @@ def _problem_args(q, k, q_teacher, k_teacher, student_scale: float, teacher_scal
     )
 
 
+def _forward_constants(dtype: torch.dtype, d_s: int, d_t: int, causal: bool) -> dict:
+    return dict(
+        CAUSAL=causal,
+        DOT_PRECISION=_dot_precision(dtype),
+        **kernel_variant().exp2_constants(backward=False, dtype=dtype),
+        BLOCK_DS=block_dim(d_s),
+        BLOCK_DT=block_dim(d_t),
+    )
+
+
+def _backward_constants(
+    dtype: torch.dtype, grad_rows: torch.Tensor, d_s: int, d_t: int, causal: bool, teacher_grad: bool
+) -> tuple[dict, dict]:
+    """Compile-time constants of the dq kernel and of the dk kernel.
+
+    With the grad-after-dot variant, the dk kernel multiplies by g after its loop only when g is
+    the same along a (batch, head)'s rows: a row stride of 0, as a mean or sum hands back.
+    """
+    variant = kernel_variant()
+    uniform_rows = grad_rows.stride(-1) == 0 or grad_rows.size(-1) == 1
+    common = dict(CAUSAL=causal, TEACHER_GRAD=teacher_grad, DOT_PRECISION=_dot_precision(dtype))
+    tail = dict(**variant.exp2_constants(backward=True, dtype=dtype), BLOCK_DS=block_dim(d_s), BLOCK_DT=block_dim(d_t))
+    return (
+        {**common, "GRAD_AFTER_DOT": variant.grad_after_dot, **tail},
+        {**common, "GRAD_AFTER_DOT": variant.grad_after_dot and uniform_rows, **tail},
+    )
+
+
 def launch_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -109,8 +158,6 @@ def launch_forward(
     lse_student = torch.empty_like(rows)
     lse_teacher = torch.empty_like(rows)
     with _device_guard(q):
-        # Tiles and (batch, head) pairs share grid axis 0, tiles fastest, so B·H is
-        # not capped by the 65535 limit of grid axes 1 and 2.
         FORWARD_LAUNCHER(
             (
                 q,
@@ -124,12 +171,7 @@ def launch_forward(
                 length_bucket(n_q),
                 length_bucket(n_k),
             ),
-            dict(
-                CAUSAL=causal,
-                DOT_PRECISION=_dot_precision(q.dtype),
-                BLOCK_DS=block_dim(d_s),
-                BLOCK_DT=block_dim(d_t),
-            ),
+            _forward_constants(q.dtype, d_s, d_t, causal),
             launch_options("fwd", d_s, d_t, q.dtype),
             length=n_q,
             batch_heads=batch * heads,
@@ -205,24 +247,172 @@ def launch_backward(
             length_bucket(n_k),
         )
 
-    constants = dict(
-        CAUSAL=causal,
-        TEACHER_GRAD=teacher_grad,
-        DOT_PRECISION=_dot_precision(q.dtype),
-        BLOCK_DS=block_dim(d_s),
-        BLOCK_DT=block_dim(d_t),
-    )
+    dq_constants, dk_constants = _backward_constants(q.dtype, grad_rows, d_s, d_t, causal, teacher_grad)
     options = launch_options("bwd", d_s, d_t, q.dtype)
     with _device_guard(q):
         BACKWARD_DQ_LAUNCHER(
-            arguments(grad_q, grad_q_teacher), constants, options,
+            arguments(grad_q, grad_q_teacher), dq_constants, options,
             length=n_q, batch_heads=batch * heads, block="BLOCK_M",
         )
         BACKWARD_DK_LAUNCHER(
-            arguments(grad_k, grad_k_teacher), constants, options,
+            arguments(grad_k, grad_k_teacher), dk_constants, options,
             length=n_k, batch_heads=batch * heads, block="BLOCK_N",
         )
     if teacher_grad:
         return [grad_q, grad_k, grad_q_teacher, grad_k_teacher]
     return [grad_q, grad_k]
 
+
+def _float_bits(value: float) -> int:
+    """The float32 bit pattern of ``value``, as the kernels' ``table_scale`` reads it back."""
+    return struct.unpack("<i", struct.pack("<f", value))[0]
+
+
+def _table(
+    tensors: Sequence[Sequence[torch.Tensor]], scales: Sequence[Sequence[float]], width: int
+) -> tuple[torch.Tensor, bool]:
+    """The int64 table of the grouped kernels (``common.table_rows``) on the inputs' device.
+
+    Args:
+        tensors: per problem, the tensors whose address and strides the kernels read.
+        scales: per problem, the four scales (student and teacher base 2, then natural).
+        width: entries per problem; unused entries stay 0.
+
+    Returns:
+        The [L, width] table and whether every address is a multiple of 16 bytes and every
+        stride a multiple of 16 elements (``ALIGNED``).
+    """
+    values: list[int] = []
+    aligned = True
+    for problem_tensors, problem_scales in zip(tensors, scales):
+        row = [_float_bits(scale) for scale in problem_scales]
+        for tensor in problem_tensors:
+            # The stride of a size-1 dimension is never multiplied by more than 0.
+            strides = [stride if size > 1 else 0 for size, stride in zip(tensor.shape[:3], tensor.stride()[:3])]
+            row += [tensor.data_ptr(), *strides]
+            aligned = aligned and tensor.data_ptr() % 16 == 0 and all(stride % 16 == 0 for stride in strides)
+        values += row + [0] * (width - len(row))
+    device = tensors[0][0].device
+    # A pinned host copy travels asynchronously: no host sync per launch.
+    table = torch.tensor(values, dtype=torch.int64, pin_memory=device.type == "cuda").view(len(tensors), width)
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        # A CUDA graph replays the copy from this host buffer (its addresses are the graph's
+        # own on every replay), so it must outlive the graph: keep it for the process.
+        _CAPTURED_TABLES.append(table)
+    return table.to(device, non_blocking=True), aligned
+
+
+_CAPTURED_TABLES: list[torch.Tensor] = []
+
+
+def _grouped_scales(student_scales: Sequence[float], teacher_scales: Sequence[float]) -> list[tuple[float, ...]]:
+    return [
+        (student * LOG2_E, teacher * LOG2_E, student, teacher)
+        for student, teacher in zip(student_scales, teacher_scales)
+    ]
+
+
+def launch_grouped_forward(
+    q: Sequence[torch.Tensor],
+    k: Sequence[torch.Tensor],
+    q_teacher: Sequence[torch.Tensor],
+    k_teacher: Sequence[torch.Tensor],
+    student_scales: Sequence[float],
+    teacher_scales: Sequence[float],
+    causal: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run the forward kernel once for L problems of one shape and dtype.
+
+    Args:
+        q, k, q_teacher, k_teacher: L tensors each, problem l being (q[l], k[l], ...) with the
+            shapes of :func:`launch_forward`; strides may differ from problem to problem.
+        student_scales, teacher_scales: L scales each (scale / T, natural units).
+
+    Returns:
+        row_kl, lse_student, lse_teacher: each (L, B, H, Nq) float32 contiguous, the
+        log-sum-exps in base 2.
+    """
+    batch, heads, n_q, d_s = q[0].shape
+    n_k, d_t = k[0].size(2), q_teacher[0].size(3)
+    rows = torch.empty((len(q), batch, heads, n_q), dtype=torch.float32, device=q[0].device)
+    lse_student = torch.empty_like(rows)
+    lse_teacher = torch.empty_like(rows)
+    table, aligned = _table(
+        list(zip(q, k, q_teacher, k_teacher)), _grouped_scales(student_scales, teacher_scales),
+        FORWARD_TABLE_WIDTH.value,
+    )
+    with _device_guard(q[0]):
+        GROUPED_FORWARD_LAUNCHER(
+            (table, rows, lse_student, lse_teacher, batch, heads, n_q, n_k, d_s, d_t,
+             length_bucket(n_q), length_bucket(n_k)),
+            dict(ELEMENT=_TRITON_DTYPES[q[0].dtype], ALIGNED=aligned, **_forward_constants(q[0].dtype, d_s, d_t, causal)),
+            launch_options("fwd", d_s, d_t, q[0].dtype),
+            length=n_q,
+            batch_heads=len(q) * batch * heads,
+            block="BLOCK_M",
+        )
+    return rows, lse_student, lse_teacher
+
+
+def launch_grouped_backward(
+    grad_rows: torch.Tensor,
+    q: Sequence[torch.Tensor],
+    k: Sequence[torch.Tensor],
+    q_teacher: Sequence[torch.Tensor],
+    k_teacher: Sequence[torch.Tensor],
+    row_kl: torch.Tensor,
+    lse_student: torch.Tensor,
+    lse_teacher: torch.Tensor,
+    student_scales: Sequence[float],
+    teacher_scales: Sequence[float],
+    causal: bool,
+    teacher_grad: bool,
+) -> list[torch.Tensor]:
+    """Run the grouped backward: one dq launch and one dk launch for all L problems.
+
+    Args:
+        grad_rows: upstream gradient of the per-row KL, (L, B, H, Nq), any strides.
+        row_kl, lse_student, lse_teacher: the grouped forward's outputs.
+
+    Returns:
+        dq of every problem, then dk of every problem (2L tensors) and, with
+        ``teacher_grad``, dq_teacher and dk_teacher of every problem (4L), each in its
+        input's dtype and layout (:func:`empty_gradient_for`).
+    """
+    batch, heads, n_q, d_s = q[0].shape
+    n_k, d_t = k[0].size(2), q_teacher[0].size(3)
+    grad_rows = grad_rows.float()
+    grad_q = [empty_gradient_for(tensor) for tensor in q]
+    grad_k = [empty_gradient_for(tensor) for tensor in k]
+    if teacher_grad:
+        grad_q_teacher = [empty_gradient_for(tensor) for tensor in q_teacher]
+        grad_k_teacher = [empty_gradient_for(tensor) for tensor in k_teacher]
+    else:
+        # Never written: TEACHER_GRAD=False compiles the teacher stores away.
+        grad_q_teacher, grad_k_teacher = grad_q, grad_k
+    table, aligned = _table(
+        list(zip(q, k, q_teacher, k_teacher, grad_q, grad_q_teacher, grad_k, grad_k_teacher)),
+        _grouped_scales(student_scales, teacher_scales),
+        BACKWARD_TABLE_WIDTH.value,
+    )
+    arguments = (
+        table, grad_rows, row_kl, lse_student, lse_teacher, *grad_rows.stride(),
+        batch, heads, n_q, n_k, d_s, d_t, length_bucket(n_q), length_bucket(n_k),
+    )
+    table_constants = dict(ELEMENT=_TRITON_DTYPES[q[0].dtype], ALIGNED=aligned)
+    dq_constants, dk_constants = _backward_constants(q[0].dtype, grad_rows, d_s, d_t, causal, teacher_grad)
+    options = launch_options("bwd", d_s, d_t, q[0].dtype)
+    programs = len(q) * batch * heads
+    with _device_guard(q[0]):
+        GROUPED_BACKWARD_DQ_LAUNCHER(
+            arguments, {**table_constants, "KEY_SIDE": False, **dq_constants}, options,
+            length=n_q, batch_heads=programs, block="BLOCK_M",
+        )
+        GROUPED_BACKWARD_DK_LAUNCHER(
+            arguments, {**table_constants, "KEY_SIDE": True, **dk_constants}, options,
+            length=n_k, batch_heads=programs, block="BLOCK_N",
+        )
+    grads = grad_q + grad_k
+    if teacher_grad:
+        grads += grad_q_teacher + grad_k_teacher
+    return grads

@@ -1,16 +1,26 @@
-"""The kernels as ``torch.library`` custom ops and as an autograd Function, and the entry point.
+"""The kernels as ``torch.library`` custom ops and as autograd Functions, and the entry points.
 
 The custom ops (with fake implementations) let ``torch.compile(fullgraph=True)`` trace
 through; eager calls take the cheaper ``autograd.Function``. Both share one backward
-formula. :func:`attention_kl_rows_triton` is what :func:`cl_streamkl.attention_kl` calls.
+formula. :func:`attention_kl_rows_triton` is what :func:`cl_streamkl.attention_kl` calls and
+:func:`attention_kl_rows_triton_grouped` what :func:`cl_streamkl.attention_kl_grouped` calls:
+L problems, one launch per kernel and one autograd node.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch.autograd.function import once_differentiable
 
-from cl_streamkl.kernels.triton.launch import empty_gradient_for, launch_backward, launch_forward
+from cl_streamkl.kernels.triton.launch import (
+    empty_gradient_for,
+    launch_backward,
+    launch_forward,
+    launch_grouped_backward,
+    launch_grouped_forward,
+)
 from cl_streamkl.kernels.validation import AttentionKLProblem
 
 
@@ -77,55 +87,122 @@ def _attention_kl_bwd_fake(
     return grads
 
 
-def _save_for_backward(ctx, q, k, q_teacher, k_teacher, row_kl, lse_student, lse_teacher, options) -> None:
-    teacher_grad = bool(q_teacher.requires_grad or k_teacher.requires_grad)
+@torch.library.custom_op("cl_streamkl::attention_kl_grouped_fwd", mutates_args=())
+def attention_kl_grouped_fwd_op(
+    q: list[torch.Tensor], k: list[torch.Tensor], q_teacher: list[torch.Tensor], k_teacher: list[torch.Tensor],
+    student_scales: list[float], teacher_scales: list[float], causal: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Custom op around :func:`launch_grouped_forward`."""
+    return launch_grouped_forward(q, k, q_teacher, k_teacher, student_scales, teacher_scales, causal)
+
+
+@attention_kl_grouped_fwd_op.register_fake
+def _attention_kl_grouped_fwd_fake(q, k, q_teacher, k_teacher, student_scales, teacher_scales, causal):
+    rows = q[0].new_empty((len(q), *q[0].shape[:3]), dtype=torch.float32)
+    return rows, torch.empty_like(rows), torch.empty_like(rows)
+
+
+@torch.library.custom_op("cl_streamkl::attention_kl_grouped_bwd", mutates_args=())
+def attention_kl_grouped_bwd_op(
+    grad_rows: torch.Tensor,
+    q: list[torch.Tensor], k: list[torch.Tensor], q_teacher: list[torch.Tensor], k_teacher: list[torch.Tensor],
+    row_kl: torch.Tensor, lse_student: torch.Tensor, lse_teacher: torch.Tensor,
+    student_scales: list[float], teacher_scales: list[float], causal: bool, teacher_grad: bool,
+) -> list[torch.Tensor]:
+    """Custom op around :func:`launch_grouped_backward`."""
+    return launch_grouped_backward(
+        grad_rows, q, k, q_teacher, k_teacher, row_kl, lse_student, lse_teacher,
+        student_scales, teacher_scales, causal, teacher_grad,
+    )
+
+
+@attention_kl_grouped_bwd_op.register_fake
+def _attention_kl_grouped_bwd_fake(
+    grad_rows, q, k, q_teacher, k_teacher, row_kl, lse_student, lse_teacher,
+    student_scales, teacher_scales, causal, teacher_grad,
+):
+    roles = (q, k, q_teacher, k_teacher) if teacher_grad else (q, k)
+    return [empty_gradient_for(tensor) for role in roles for tensor in role]
+
+
+def _save_for_backward(ctx, inputs: Sequence[torch.Tensor], outputs, options: tuple) -> None:
+    """Keep what the backward needs.
+
+    Args:
+        inputs: q, k, q_teacher, k_teacher of every problem, problem after problem.
+        outputs: row_kl, lse_student, lse_teacher of the forward.
+        options: the launchers' trailing arguments (scales, causal).
+    """
+    row_kl, lse_student, lse_teacher = outputs
+    teacher_grad = any(tensor.requires_grad for index, tensor in enumerate(inputs) if index % 4 >= 2)
     # The per-row KL is needed only for the teacher's gradient; not keeping it
     # otherwise leaves 8 bytes per row (the two log-sum-exps) alive until backward.
-    ctx.save_for_backward(q, k, q_teacher, k_teacher, lse_student, lse_teacher, row_kl if teacher_grad else None)
+    ctx.save_for_backward(*inputs, lse_student, lse_teacher, row_kl if teacher_grad else None)
     ctx.options = options
     ctx.teacher_grad = teacher_grad
 
 
-def _gradients(ctx, grad_rows: torch.Tensor | None, backward_fn) -> tuple:
-    q, k, q_teacher, k_teacher, lse_student, lse_teacher, row_kl = ctx.saved_tensors
+def _gradients(ctx, grad_rows: torch.Tensor | None, backward_fn, grouped: bool) -> tuple:
+    """(dq, dk, dq_teacher, dk_teacher), each a tensor or, ``grouped``, a list over problems.
+
+    The teacher's are None for a frozen teacher; all four are None without an upstream gradient.
+    """
+    *inputs, lse_student, lse_teacher, row_kl = ctx.saved_tensors
     if grad_rows is None:
-        return (None,) * 7
-    student_scale, teacher_scale, causal = ctx.options
+        return (None,) * 4
+    roles = [list(inputs[index::4]) for index in range(4)] if grouped else inputs
     # A frozen teacher costs no teacher-gradient work: the kernels skip it entirely
-    # and never read ROW_KL, so any float32 (B, H, Nq) tensor stands in for it.
+    # and never read ROW_KL, so any float32 tensor of the rows' shape stands in for it.
     grads = backward_fn(
         grad_rows,
-        q,
-        k,
-        q_teacher,
-        k_teacher,
+        *roles,
         lse_student if row_kl is None else row_kl,
         lse_student,
         lse_teacher,
-        student_scale,
-        teacher_scale,
-        causal,
+        *ctx.options,
         ctx.teacher_grad,
     )
-    grad_q_teacher, grad_k_teacher = (grads[2], grads[3]) if ctx.teacher_grad else (None, None)
-    return grads[0], grads[1], grad_q_teacher, grad_k_teacher, None, None, None
+    if grouped:  # dq of every problem, then dk (then the teacher's): one list per role
+        count = len(inputs) // 4
+        grads = [grads[start:start + count] for start in range(0, len(grads), count)]
+    return grads[0], grads[1], *(grads[2:] if ctx.teacher_grad else (None, None))
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, q_teacher, k_teacher, student_scale, teacher_scale, causal = inputs
-    row_kl, lse_student, lse_teacher = output
+    q, k, q_teacher, k_teacher, *options = inputs
     ctx.set_materialize_grads(False)
-    ctx.mark_non_differentiable(lse_student, lse_teacher)
-    _save_for_backward(
-        ctx, q, k, q_teacher, k_teacher, row_kl, lse_student, lse_teacher, (student_scale, teacher_scale, causal)
-    )
+    ctx.mark_non_differentiable(output[1], output[2])
+    _save_for_backward(ctx, (q, k, q_teacher, k_teacher), output, tuple(options))
 
 
 def _op_backward(ctx, grad_rows, _grad_lse_student, _grad_lse_teacher):
-    return _gradients(ctx, grad_rows, attention_kl_bwd_op)
+    return *_gradients(ctx, grad_rows, attention_kl_bwd_op, grouped=False), None, None, None
 
 
 attention_kl_fwd_op.register_autograd(_op_backward, setup_context=_setup_context)
+
+
+def _grouped_setup_context(ctx, inputs, output):
+    q, k, q_teacher, k_teacher, *options = inputs
+    ctx.set_materialize_grads(False)
+    ctx.mark_non_differentiable(output[1], output[2])
+    interleaved = [tensor for problem in zip(q, k, q_teacher, k_teacher) for tensor in problem]
+    _save_for_backward(ctx, interleaved, output, tuple(options))
+
+
+def _per_problem(ctx, grads: tuple) -> list[list[torch.Tensor | None]]:
+    """The four roles' gradients as lists over problems, None where a role gets none."""
+    problems = len(ctx.options[0])
+    return [[None] * problems if role is None else role for role in grads]
+
+
+def _grouped_op_backward(ctx, grad_rows, _grad_lse_student, _grad_lse_teacher):
+    # A list input takes a list of gradients, one (or None) per tensor.
+    grads = _gradients(ctx, grad_rows, attention_kl_grouped_bwd_op, grouped=True)
+    return *_per_problem(ctx, grads), None, None, None
+
+
+attention_kl_grouped_fwd_op.register_autograd(_grouped_op_backward, setup_context=_grouped_setup_context)
 
 
 class _AttentionKLFunction(torch.autograd.Function):
@@ -137,19 +214,35 @@ class _AttentionKLFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, q_teacher, k_teacher, student_scale, teacher_scale, causal):
-        row_kl, lse_student, lse_teacher = launch_forward(
-            q, k, q_teacher, k_teacher, student_scale, teacher_scale, causal
-        )
+        options = (student_scale, teacher_scale, causal)
+        outputs = launch_forward(q, k, q_teacher, k_teacher, *options)
         ctx.set_materialize_grads(False)
-        _save_for_backward(
-            ctx, q, k, q_teacher, k_teacher, row_kl, lse_student, lse_teacher, (student_scale, teacher_scale, causal)
-        )
-        return row_kl
+        _save_for_backward(ctx, (q, k, q_teacher, k_teacher), outputs, options)
+        return outputs[0]
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad_rows):
-        return _gradients(ctx, grad_rows, launch_backward)
+        return *_gradients(ctx, grad_rows, launch_backward, grouped=False), None, None, None
+
+
+class _GroupedAttentionKLFunction(torch.autograd.Function):
+    """Eager twin of the grouped custom op; its inputs are q, k, q_t, k_t of each problem in turn."""
+
+    @staticmethod
+    def forward(ctx, student_scales, teacher_scales, causal, *inputs):
+        roles = [inputs[index::4] for index in range(4)]
+        options = (student_scales, teacher_scales, causal)
+        outputs = launch_grouped_forward(*roles, *options)
+        ctx.set_materialize_grads(False)
+        _save_for_backward(ctx, inputs, outputs, options)
+        return outputs[0]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_rows):
+        grads = _per_problem(ctx, _gradients(ctx, grad_rows, launch_grouped_backward, grouped=True))
+        return None, None, None, *(grad for problem in zip(*grads) for grad in problem)
 
 
 def attention_kl_rows_triton(
@@ -167,3 +260,23 @@ def attention_kl_rows_triton(
     if torch.compiler.is_compiling():
         return attention_kl_fwd_op(*args)[0]
     return _AttentionKLFunction.apply(*args)
+
+
+def attention_kl_rows_triton_grouped(
+    inputs: Sequence[Sequence[torch.Tensor]], problems: Sequence[AttentionKLProblem]
+) -> torch.Tensor:
+    """Per-row KL of L problems of one shape, (L, B, H, Nq) float32: one launch per kernel.
+
+    Args:
+        inputs: per problem (q, k, q_teacher, k_teacher), validated by the caller
+            (:func:`cl_streamkl.attention_kl_grouped`): one shape, dtype and device for all.
+        problems: per problem its sizes and scales; ``causal`` is the same in all.
+    """
+    student_scales = [problem.student_scale for problem in problems]
+    teacher_scales = [problem.teacher_scale for problem in problems]
+    causal = problems[0].causal
+    if torch.compiler.is_compiling():
+        roles = [[problem[index] for problem in inputs] for index in range(4)]
+        return attention_kl_grouped_fwd_op(*roles, student_scales, teacher_scales, causal)[0]
+    flat = [tensor for problem in inputs for tensor in problem]
+    return _GroupedAttentionKLFunction.apply(student_scales, teacher_scales, causal, *flat)

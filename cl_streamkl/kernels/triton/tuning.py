@@ -72,10 +72,17 @@ def config_tuple(config: triton.Config) -> tuple[int, int, int, int]:
     return config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_warps, config.num_stages
 
 
+def _element_size(named_args, kwargs) -> int:
+    if "Q" in named_args:
+        return named_args["Q"].element_size()
+    # The grouped kernels take the inputs' dtype as the constexpr ELEMENT instead of a tensor.
+    return named_args.get("ELEMENT", kwargs.get("ELEMENT")).primitive_bitwidth // 8
+
+
 def prune_configs(configs, named_args, kind: str, **kwargs):
     """Drop tile shapes that cannot run well for these inputs before autotuning compiles them."""
     widest = max(named_args["d_s"], named_args["d_t"])
-    four_byte = named_args["Q"].element_size() == 4
+    four_byte = _element_size(named_args, kwargs) == 4
     kept = configs
     if max(named_args["N_Q_BUCKET"], named_args["N_K_BUCKET"]) <= SHORT_SEQUENCE_BUCKET:
         kept = [c for c in kept if config_tuple(c) in SHORT_SEQUENCE_CANDIDATES[kind]]
