@@ -52,3 +52,29 @@ DEVICE = "cuda" if os.environ.get("CL_STREAMKL_TEST_GPU") == "1" else "cpu"
 @pytest.fixture
 def device() -> str:
     return DEVICE
+
+
+class LaunchCounter:
+    """Counts the launches of every kernel launcher of ``kernels.triton.launch`` (patched by monkeypatch)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from cl_streamkl.kernels.triton import launch
+
+        self.counts = {name: 0 for name in launch.KERNEL_LAUNCHERS}
+        for name, launcher in launch.KERNEL_LAUNCHERS.items():
+            attribute = next(key for key, value in vars(launch).items()
+                             if value is launcher and key.isupper() and key != "KERNEL_LAUNCHERS")
+            monkeypatch.setattr(launch, attribute, self._counting(name, launcher))
+
+    def _counting(self, name, launcher):
+        def run(*args, **kwargs):
+            self.counts[name] += 1
+            return launcher(*args, **kwargs)
+
+        return run
+
+
+@pytest.fixture
+def launch_counter(monkeypatch: pytest.MonkeyPatch) -> LaunchCounter:
+    """Launch counts per kernel launcher for the rest of the test."""
+    return LaunchCounter(monkeypatch)

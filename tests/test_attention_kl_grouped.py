@@ -18,7 +18,6 @@ from test_attention_kl import (
 )
 
 from cl_streamkl import attention_kl, attention_kl_grouped, attention_kl_reference
-from cl_streamkl.kernels.triton import launch
 
 # (L, B, H, Nq, Nk, Ds, Dt)
 GROUPED_SHAPES = [
@@ -52,23 +51,6 @@ def timm_qk(batch, tokens, heads, dim, device, requires_grad=True):
     qkv = torch.randn(batch, tokens, 3 * heads * dim, device=device, requires_grad=requires_grad)
     q, k, _ = qkv.reshape(batch, tokens, 3, heads, dim).permute(2, 0, 3, 1, 4).unbind(0)
     return qkv, q, k
-
-
-class LaunchCounter:
-    """Counts the launches of every kernel launcher of ``launch`` (patched by monkeypatch)."""
-
-    def __init__(self, monkeypatch):
-        self.counts = {name: 0 for name in launch.KERNEL_LAUNCHERS}
-        for name, launcher in launch.KERNEL_LAUNCHERS.items():
-            attribute = next(key for key, value in vars(launch).items() if value is launcher and key.isupper() and key != "KERNEL_LAUNCHERS")
-            monkeypatch.setattr(launch, attribute, self._counting(name, launcher))
-
-    def _counting(self, name, launcher):
-        def run(*args, **kwargs):
-            self.counts[name] += 1
-            return launcher(*args, **kwargs)
-
-        return run
 
 
 @pytest.mark.parametrize("shape", GROUPED_SHAPES, ids=shape_id)
@@ -115,11 +97,11 @@ def test_each_entry_equals_attention_kl(backend, reduction, device):
         torch.testing.assert_close(grad, expected_grad, rtol=1e-5, atol=1e-8)
 
 
-def test_layouts_that_differ_between_problems_share_one_launch(monkeypatch, device):
+def test_layouts_that_differ_between_problems_share_one_launch(launch_counter, device):
     """timm views of separate qkv tensors, a contiguous problem and a (B, N, H, D) transpose."""
     torch.manual_seed(22)
     batch, tokens, heads, dim = 2, 29, 3, 32
-    student, teacher = [timm_qk(batch, tokens, heads, dim, device) for _ in range(2)], []
+    student = [timm_qk(batch, tokens, heads, dim, device) for _ in range(2)]
     problems = []
     for qkv, q, k in student:
         _, q_t, k_t = timm_qk(batch, tokens, heads, dim, device, requires_grad=False)
@@ -131,7 +113,7 @@ def test_layouts_that_differ_between_problems_share_one_launch(monkeypatch, devi
     problems.append(tuple(transposed))
     assert len({problem[0].stride() for problem in problems}) == 3
 
-    counter = LaunchCounter(monkeypatch)
+    counter = launch_counter
     out = attention_kl_grouped(problems, reduction="none", backend="triton")
     leaves = [qkv for qkv, _, _ in student] + contiguous + [transposed[0]]
     upstream = torch.randn_like(out)
@@ -178,10 +160,10 @@ def test_mutual_distillation_and_causal(causal, dtype, device):
         assert rel_err(grad, ref_grad) < bound, f"grad of {name} in problem {index // 4}"
 
 
-def test_one_launch_per_kernel_and_one_autograd_node(monkeypatch, device):
+def test_one_launch_per_kernel_and_one_autograd_node(launch_counter, device):
     torch.manual_seed(25)
     problems = make_problems((12, 1, 2, 9, 9, 16, 16), torch.float32, device)
-    counter = LaunchCounter(monkeypatch)
+    counter = launch_counter
     loss = attention_kl_grouped(problems, backend="triton").sum()
 
     nodes, stack, seen = [], [loss.grad_fn], set()

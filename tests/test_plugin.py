@@ -195,6 +195,27 @@ def test_triton_backend_matches_torch_backend_on_cpu_interpreter() -> None:
     torch.testing.assert_close(values["triton"], values["torch"], rtol=1e-4, atol=1e-6)
 
 
+def test_triton_penalty_is_one_grouped_launch_per_kernel(launch_counter) -> None:
+    from cl_streamkl.kernels.triton import INTERPRETING
+
+    if not INTERPRETING:
+        pytest.skip("needs TRITON_INTERPRET=1 before triton is imported (tests/conftest.py sets it)")
+    model = tiny_model(depth=3)
+    x = torch.randn(2, *IMAGE)
+    distiller = AttentionDistiller(alpha=0.5, backend="triton")
+    teacher = distiller.update_teacher(model)
+    perturb(model)
+    with distiller.student_capture(model) as cap:
+        model(x)
+    penalty = distiller.penalty(x, cap.qk, student_scales=cap.scales)
+    penalty.backward()
+    # three blocks: one grouped forward, one launch of each backward kernel, nothing per block
+    assert {name: n for name, n in launch_counter.counts.items() if n} == {
+        "grouped_forward": 1, "grouped_backward_dq": 1, "grouped_backward_dk": 1}
+    reference = reference_penalty(model, teacher, x, 0.5)
+    torch.testing.assert_close(penalty.double(), reference.detach(), rtol=1e-4, atol=1e-7)
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "match"),
     [

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from cl_streamkl.attention_kl import attention_kl
+from cl_streamkl.attention_kl import attention_kl, attention_kl_grouped
 from cl_streamkl.capture import CompiledQK, LayerSpec, QKCapture, TeacherQK
 from cl_streamkl.capture.compiled import check_compile_options
 from cl_streamkl.capture.layers import check_layer_spec
@@ -221,6 +221,10 @@ class AttentionDistiller:
     ) -> torch.Tensor:
         """One unweighted penalty per distilled block: the mean KL over its query rows.
 
+        Blocks of one shape and dtype (every block of a ViT) go to
+        :func:`~cl_streamkl.attention_kl_grouped`: one kernel launch for all of them and
+        one for each backward kernel. Blocks that differ are computed one by one.
+
         Args:
             problems: per block ``(q, k, q_teacher, k_teacher, scale, teacher_scale)``,
                 the Q/K as in :meth:`penalty`, scales ``None`` for ``D**-0.5``.
@@ -228,9 +232,14 @@ class AttentionDistiller:
         Returns:
             (L,) float32 tensor.
         """
+        options = {"temperature": self.temperature, "reduction": "mean", "backend": self.backend}
+        signatures = {tuple((t.shape, t.dtype, t.device) for t in problem[:4]) for problem in problems}
+        if len(signatures) == 1:
+            return attention_kl_grouped([problem[:4] for problem in problems],
+                                        scales=[problem[4] for problem in problems],
+                                        teacher_scales=[problem[5] for problem in problems], **options)
         return torch.stack([
-            attention_kl(q, k, q_t, k_t, scale=scale, teacher_scale=teacher_scale, temperature=self.temperature,
-                         reduction="mean", backend=self.backend)
+            attention_kl(q, k, q_t, k_t, scale=scale, teacher_scale=teacher_scale, **options)
             for q, k, q_t, k_t, scale, teacher_scale in problems
         ])
 
