@@ -36,6 +36,7 @@ from _harness.vit_training import (
     EXTRA_METHODS,
     METHODS,
     TINY_MODEL_KWARGS,
+    Trainer,
     build_distiller,
     build_model,
     build_trainer,
