@@ -252,10 +252,9 @@ def markdown(report: dict[str, Any]) -> str:
         for (strategy, baseline), cells in pairs.items():
             lines.append(f"| {strategy} − {baseline} | {cells.get('final_avg_acc', '-')} | "
                          f"{cells.get('forgetting', '-')} |")
-        where = (f"{report['gpus']} × {report['environment']['device']}" if report["gpus"]
-                 else report["environment"]["device"])
-        lines += ["", f"Study time: {part['wall_time_s'] / 60:.1f} min (sweep and test, "
-                      f"{report['workers']} worker processes on {where}).", ""]
+        busy = sum(part["worker_time_s"].values()) / 60
+        lines += ["", f"Compute: {busy:.0f} worker-minutes (sweep {part['worker_time_s']['sweep'] / 60:.0f}, "
+                      f"test {part['worker_time_s']['test'] / 60:.0f}); each run is one worker process.", ""]
     return "\n".join(lines)
 
 
@@ -326,12 +325,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         records = [test[u] for u in test_units if u.scenario == scenario]
         part = report["scenarios"][scenario]
         part.update(scenario_table(scenario, records))
-        # Worker time spent on this scenario, shared out as wall time by its share of the work.
-        busy = {phase: sum(r.get("process_s", 0.0) for u, r in runs.items() if u.scenario == scenario)
-                for phase, runs in (("sweep", sweep), ("test", test))}
-        total_busy = sum(r.get("process_s", 0.0) for runs in (sweep, test) for r in runs.values()) or 1.0
-        part["wall_time_s"] = (time.perf_counter() - start) * (busy["sweep"] + busy["test"]) / total_busy
-        part["worker_time_s"] = busy
+        # Seconds the workers spent on this scenario's runs (a resumed study counts earlier starts too).
+        part["worker_time_s"] = {phase: sum(r.get("process_s", 0.0) for u, r in runs.items() if u.scenario == scenario)
+                                 for phase, runs in (("sweep", sweep), ("test", test))}
+    # This start's wall time; a resumed study's earlier starts are not in it.
     report["wall_time_s"] = time.perf_counter() - start
     report["sweep_wall_time_s"] = sweep_time
     if args.json:

@@ -126,7 +126,13 @@ def bench_in_cuda_graph(kernel_call, quantiles):
     for tens of microseconds (ViT lengths) finishes before the next launch arrives, so
     every candidate measures the same host latency and the pick is arbitrary: on the
     H200 it chose backward tiles 1.6x slower than the heuristic ones at 16x12x577x64.
+
+    Triton captures and replays on a stream of its own, which does not wait for work
+    queued on the launching stream; the grouped kernels' address table is copied there
+    asynchronously, so the device is synchronised first (without it, a candidate read a
+    half-copied table at 16x12x1025x64 on the H200: an illegal memory access).
     """
+    torch.cuda.synchronize()
     return triton.testing.do_bench_cudagraph(kernel_call, rep=20, quantiles=quantiles)
 
 
