@@ -8,10 +8,9 @@ formula. :func:`attention_kl_rows_triton` is what :func:`cl_streamkl.attention_k
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from cl_streamkl.kernels.triton.launch import empty_gradient_for, launch_backward, launch_forward
-from cl_streamkl.kernels.validation import AttentionKLProblem
+from cl_streamkl.kernels.validation import AttentionKLProblem, refuse_double_backward
 
 
 @torch.library.custom_op("cl_streamkl::attention_kl_fwd", mutates_args=())
@@ -147,8 +146,8 @@ class _AttentionKLFunction(torch.autograd.Function):
         return row_kl
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_rows):
+        refuse_double_backward()
         return _gradients(ctx, grad_rows, launch_backward)
 
 
