@@ -249,6 +249,30 @@ def test_tiny_imagenet_bad_annotation(tmp_path):
         load_splits("tiny-imagenet", data_root=root, image_size=16)
 
 
+@pytest.mark.parametrize("name", ["../../outside.png", "/tmp/outside.png", "..", "sub/../../x.png"])
+def test_tiny_imagenet_annotations_stay_inside_val_images(tmp_path, name):
+    root = tmp_path / "data" / "tiny-imagenet-200"
+    _write_image(root / "train" / "n01" / "images" / "a.JPEG", 10)
+    _write_image(tmp_path / "outside.png", 10)
+    (root / "wnids.txt").write_text("n01\n")
+    (root / "val" / "images").mkdir(parents=True)
+    (root / "val" / "val_annotations.txt").write_text(f"{name}\tn01\t0\t0\t1\t1\n")
+    with pytest.raises(ValueError, match=r"val_annotations.txt:1: .* is not a file name inside"):
+        load_splits("tiny-imagenet", data_root=root, image_size=16)
+
+
+def test_tiny_imagenet_download_is_https_and_checksummed(tmp_path, monkeypatch):
+    from torchvision.datasets import utils
+
+    calls = []
+    monkeypatch.setattr(utils, "download_and_extract_archive", lambda url, **kwargs: calls.append((url, kwargs)))
+    with pytest.raises(ValueError, match="--download"):
+        load_splits("tiny-imagenet", data_root=tmp_path, image_size=64, download=True)
+    (url, kwargs), = calls
+    assert url == "https://cs231n.stanford.edu/tiny-imagenet-200.zip"
+    assert kwargs["md5"] == "90528d7ca1a48142e341f4ef8d21d0de"
+
+
 def test_image_folder_with_train_and_test(tmp_path):
     for split, n in (("train", 3), ("test", 2)):
         for c, name in enumerate(["cat", "dog"]):
