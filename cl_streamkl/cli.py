@@ -18,10 +18,9 @@ from typing import Any
 
 from cl_streamkl.data.registry import DATASETS, DOMAIN_SHIFTS, EVAL_SPLITS, SCENARIOS
 from cl_streamkl.experiment.config import (
-    AMP_MODES, DEFAULT_MODEL_KWARGS, DEFAULT_STRATEGIES, DEVICES, JOINT, STRATEGY_COMPONENTS, ExperimentConfig,
+    AMP_MODES, DEFAULT_MODEL_KWARGS, DEVICES, JOINT, LOGGERS, STRATEGY_COMPONENTS, ExperimentConfig,
 )
 from cl_streamkl.experiment.files import OutputWriteError
-from cl_streamkl.experiment.loggers import LOGGERS
 
 _EXAMPLES = """\
 examples:

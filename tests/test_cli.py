@@ -185,7 +185,8 @@ def test_errors_exit_nonzero_with_message(tmp_path, capsys, args, message):
     rc = cli.main(["run", "--no-progress", "--epochs", "1", "--out", str(out), *args])
     assert rc == 2
     err = capsys.readouterr().err
-    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+    assert message in err and "Traceback" not in err
+    assert err.startswith("usage:") or err.count("\n") == 1  # argparse's own errors show the usage
     # Checked before the folder is claimed: the same --out takes a corrected run (and --resume has nothing).
     assert not out.exists()
 
@@ -217,6 +218,19 @@ def test_registered_attention_whose_scores_cannot_be_read_is_refused_before_trai
     err = capsys.readouterr().err
     assert "strategy 'lwf+streamkl': streamkl cannot distil" in err and "cannot read the attention scores" in err
     assert not out.exists()
+
+
+def test_wandb_logger_reports_scalars_with_the_installed_wandb(tmp_path, monkeypatch):
+    from cl_streamkl.experiment.config import ExperimentConfig
+    from cl_streamkl.experiment.loggers import build_evaluator, build_loggers, close_loggers
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    (logger,) = build_loggers(["wandb"], tmp_path, "streamkl", 0, ExperimentConfig().resolved())
+    build_evaluator([logger], penalty=True)
+    logger.log_metrics([])
+    logger.log_single_metric("Top1_Acc_Exp/eval_phase/test_stream/Exp000", 0.5, 3)
+    assert logger.step == 3
+    close_loggers([logger])
 
 
 def test_missing_wandb_is_a_clear_error(tmp_path, capsys, monkeypatch):
@@ -373,7 +387,7 @@ def test_config_file_starts_a_run_and_flags_override_it(tmp_path, capsys):
     assert config == expected
     # lr 1e-9 learns nothing: a warning names the strategy, seed and experience.
     err = capsys.readouterr().err
-    assert "cl-streamkl: warning: naive seed 1 did not learn experience 1:" in err
+    assert "cl-streamkl: warning: naive seed 1 did not learn experience 2: 0.0 % accuracy" in err
     assert "chance is 10.0 %" in err
     # The file's own --out is not reused, and --config does not combine with --resume.
     assert cli.main(["run", "--resume", str(out), "--config", str(config_file)]) == 2
@@ -395,7 +409,7 @@ def test_loggers_write_under_out_without_changing_results(tmp_path):
     assert any(t.startswith("Loss_Epoch/train_phase/train_stream") for t in tags)
     assert any(t.startswith("StreamKL_Penalty_Epoch/train_phase/train_stream") for t in tags)
     assert {t for t in tags if t.startswith("Top1_Acc_Exp/eval_phase/test_stream")} == {
-        "Top1_Acc_Exp/eval_phase/test_stream/Task000/Exp000", "Top1_Acc_Exp/eval_phase/test_stream/Task000/Exp001"}
+        "Top1_Acc_Exp/eval_phase/test_stream/Exp000", "Top1_Acc_Exp/eval_phase/test_stream/Exp001"}
     with open(out / "csv" / "streamkl-seed0" / "eval_results.csv") as handle:
         rows = list(csv.DictReader(handle))
     # after each of the 2 training experiences, both experiences evaluated: the accuracy matrix's rows

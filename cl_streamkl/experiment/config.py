@@ -20,6 +20,8 @@ JOINT = "joint"
 ATTENTION_DISTILLATIONS = ("streamkl", "pad")
 DEFAULT_STRATEGIES = ("naive", "lwf", "streamkl", "lwf+streamkl")
 AMP_MODES = ("none", "bf16", "fp16")
+# Avalanche loggers --log can add (see cl_streamkl.experiment.loggers).
+LOGGERS = ("tensorboard", "csv", "wandb")
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_MODEL = "vit_tiny_patch16_224"
 # A 4-block, 64-wide ViT; with 32 px images and 8 px patches (16 tokens, each 2×2 digit pixels)

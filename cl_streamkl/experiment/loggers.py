@@ -13,15 +13,30 @@ training experience. Files go under the run folder:
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cl_streamkl.experiment.config import ExperimentConfig
+from avalanche.logging import CSVLogger, TensorboardLogger, WandBLogger
 
-LOGGERS = ("tensorboard", "csv", "wandb")
+from cl_streamkl.experiment.config import LOGGERS, ExperimentConfig
+
 _CSV_FILES = ("training_results.csv", "eval_results.csv")
+
+
+class ScalarWandBLogger(WandBLogger):
+    """Avalanche's W&B logger, for the scalar metrics these runs report.
+
+    Avalanche 0.6's ``log_single_metric`` refers to ``wandb.viz``, which recent wandb
+    releases no longer have; numbers need none of it.
+    """
+
+    def log_single_metric(self, name: str, value: Any, x_plot: int) -> None:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            self.step = x_plot
+            self.wandb.log({name: value}, step=x_plot)
 
 
 def check_loggers(names: Sequence[str]) -> None:
@@ -41,10 +56,8 @@ def check_loggers(names: Sequence[str]) -> None:
             raise ValueError("--log tensorboard needs the tensorboard package: pip install tensorboard") from None
 
 
-def _csv_logger(folder: Path, resume: bool) -> Any:
+def _csv_logger(folder: Path, resume: bool) -> CSVLogger:
     """Avalanche's CSVLogger, keeping the rows an interrupted session wrote (it truncates its files)."""
-    from avalanche.logging import CSVLogger
-
     earlier = {}
     for name in _CSV_FILES:
         path = folder / name
@@ -64,18 +77,17 @@ def build_loggers(names: Sequence[str], out_dir: Path, strategy: str, seed: int,
     loggers = []
     for name in dict.fromkeys(names):
         if name == "tensorboard":
-            from avalanche.logging import TensorboardLogger
-
             loggers.append(TensorboardLogger(tb_log_dir=out_dir / "tensorboard" / run_name))
         elif name == "csv":
             loggers.append(_csv_logger(out_dir / "csv" / run_name, resume))
         elif name == "wandb":
-            from avalanche.logging import WandBLogger
-
-            loggers.append(WandBLogger(
+            # A run id of our own (Avalanche's default calls a helper newer wandb releases lack),
+            # fixed per folder and run so that --resume continues the same W&B run.
+            run_id = hashlib.sha256(f"{out_dir.resolve()}/{run_name}".encode()).hexdigest()[:16]
+            loggers.append(ScalarWandBLogger(
                 project_name=os.environ.get("WANDB_PROJECT", "cl-streamkl"), run_name=f"{out_dir.name}/{run_name}",
                 dir=str(out_dir), save_code=False, config={**config.to_dict(), "strategy": strategy, "seed": seed},
-                params={"group": out_dir.name},
+                params={"group": out_dir.name, "id": run_id, "resume": "allow"},
             ))
         else:
             raise ValueError(f"unknown logger {name!r}; choose from {', '.join(LOGGERS)}")
