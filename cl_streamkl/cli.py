@@ -310,6 +310,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return _run(args, given, base)
+    except KeyboardInterrupt:  # before training started: nothing to continue
+        print("\ninterrupted", file=sys.stderr)
+        return 130
     except ValueError as err:
         print(f"cl-streamkl: error: {err}", file=sys.stderr)
         return 2

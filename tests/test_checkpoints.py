@@ -86,15 +86,17 @@ def _truncated(path: Path) -> None:
     (lambda path: path.write_bytes(b""), "is empty"),
     (_truncated, "is truncated or not a checkpoint file"),
     (lambda path: path.write_bytes(b"\x80\x02garbage" * 50), "is truncated or not a checkpoint file"),
+    (lambda path: path.write_bytes(b"\x80\x04not a checkpoint" * 10), "is truncated or not a checkpoint file"),
     (lambda path: torch.save({"finished": True}, path), "is not a checkpoint of this cl-streamkl version"),
     (lambda path: torch.save({"format": "cl_streamkl.run-checkpoint/2", "checksum": "0"}, path), "lacks"),
-], ids=["empty", "truncated", "garbage", "foreign", "incomplete"])
-def test_unreadable_checkpoints_give_one_line_naming_the_file(tmp_path, damage, reason):
+], ids=["empty", "truncated", "garbage", "garbage-protocol-4", "foreign", "incomplete"])
+def test_unreadable_checkpoints_give_one_line_naming_the_file(tmp_path, recwarn, damage, reason):
     path = tmp_path / "replay+streamkl-seed0.pt"
     save_checkpoint(path, make_state(), IDENTITY)
     damage(path)
     with pytest.raises(CheckpointError) as error:
         load_checkpoint(path, IDENTITY)
+    assert [str(w.message) for w in recwarn] == []  # nothing printed besides the error
     message = one_line_naming(error.value, path)
     assert reason in message and "delete it to restart replay+streamkl seed 0 from its first experience" in message
 

@@ -62,6 +62,17 @@ def test_replay_buffer_update_is_not_avalanches_deprecated_one(stream):
     assert caught == [] and len(buffer.buffer) == 20
 
 
+def test_chance_is_one_over_the_classes_the_head_chooses_from():
+    from cl_streamkl.experiment.runner import chance_accuracy
+
+    splits = load_splits("digits", data_root=None, image_size=8)
+    task = build_stream(splits, n_experiences=3, seed=0, val_fraction=0.1, scenario="task",
+                        first_experience_classes=4)
+    assert [chance_accuracy(task, j) for j in range(3)] == [1 / 4, 1 / 3, 1 / 3]
+    single_head = build_stream(splits, n_experiences=5, seed=0, val_fraction=0.1)
+    assert chance_accuracy(single_head, 4) == 1 / 10
+
+
 def test_peak_memory_is_each_runs_own_not_the_process_high_water_mark():
     from cl_streamkl.experiment.memory import PeakMemory
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,7 +133,10 @@ def load_checkpoint(path: str | Path, identity: RunIdentity) -> dict[str, Any]:
     path = Path(path)
     restart = f"delete it to restart {identity.describe()} from its first experience"
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():
+            # A damaged file may also draw a warning about its pickle protocol: the error says it all.
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\._weights_only_unpickler")
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception:  # noqa: BLE001 - whatever torch.load raises, the file is unusable
         raise CheckpointError(f"checkpoint {path} {_unreadable(path)}; {restart}") from None
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT or "checksum" not in state:
