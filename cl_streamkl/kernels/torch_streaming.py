@@ -38,7 +38,7 @@ def _chunk_scores(
     return scores_student, scores_teacher, keep
 
 
-def _streaming_forward(
+def streaming_forward(
     q: torch.Tensor,
     k: torch.Tensor,
     q_teacher: torch.Tensor,
@@ -46,7 +46,10 @@ def _streaming_forward(
     problem: AttentionKLProblem,
     chunk_size: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-row KL and both log-sum-exps, each (B, H, Nq) float32."""
+    """Per-row KL and both natural log-sum-exps over keys [0, Nk), each (B, H, Nq) float32.
+
+    Public for :mod:`cl_streamkl.distributed`, which merges these statistics over key shards.
+    """
     shape = (problem.batch, problem.heads, problem.n_q)
     max_student = torch.full(shape, float("-inf"), device=q.device)
     max_teacher = torch.full(shape, float("-inf"), device=q.device)
@@ -83,7 +86,7 @@ def _streaming_forward(
     return row_kl, lse_student, lse_teacher
 
 
-def _streaming_backward(
+def streaming_backward(
     grad_rows: torch.Tensor,
     q: torch.Tensor,
     k: torch.Tensor,
@@ -96,7 +99,12 @@ def _streaming_backward(
     chunk_size: int,
     teacher_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Gradients of Σ grad_rows·KL_rows for student (and optionally teacher) inputs, in float32."""
+    """Gradients of Σ grad_rows·KL_rows for student (and optionally teacher) inputs, in float32.
+
+    ``lse_student``/``lse_teacher`` (natural log) and ``row_kl`` may come from a larger key
+    set than ``k`` holds: :mod:`cl_streamkl.distributed` passes the merged statistics of all
+    key shards, and the key gradients are then exact for this shard.
+    """
     q32, q_teacher32 = q.float(), q_teacher.float()
     grad = grad_rows.float()[..., None]
     grad_q = torch.zeros_like(q32)
@@ -133,7 +141,7 @@ class _StreamingAttentionKL(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, q_teacher, k_teacher, problem, chunk_size):
-        row_kl, lse_student, lse_teacher = _streaming_forward(
+        row_kl, lse_student, lse_teacher = streaming_forward(
             q, k, q_teacher, k_teacher, problem, chunk_size
         )
         ctx.save_for_backward(q, k, q_teacher, k_teacher, lse_student, lse_teacher, row_kl)
@@ -146,7 +154,7 @@ class _StreamingAttentionKL(torch.autograd.Function):
         refuse_double_backward()
         q, k, q_teacher, k_teacher, lse_student, lse_teacher, row_kl = ctx.saved_tensors
         teacher_grad = ctx.needs_input_grad[2] or ctx.needs_input_grad[3]
-        grad_q, grad_k, grad_q_teacher, grad_k_teacher = _streaming_backward(
+        grad_q, grad_k, grad_q_teacher, grad_k_teacher = streaming_backward(
             grad_rows,
             q,
             k,
