@@ -49,11 +49,6 @@ def check_loggers(names: Sequence[str]) -> None:
             import wandb  # noqa: F401
         except ImportError:
             raise ValueError("--log wandb needs the wandb package: pip install wandb (or drop --log wandb)") from None
-    if "tensorboard" in names:
-        try:
-            import tensorboard  # noqa: F401
-        except ImportError:
-            raise ValueError("--log tensorboard needs the tensorboard package: pip install tensorboard") from None
 
 
 def _csv_logger(folder: Path, resume: bool) -> CSVLogger:
