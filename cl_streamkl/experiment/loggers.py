@@ -52,7 +52,7 @@ def check_loggers(names: Sequence[str]) -> None:
 
 
 def _csv_logger(folder: Path, resume: bool) -> CSVLogger:
-    """Avalanche's CSVLogger, keeping the rows an interrupted session wrote (it truncates its files)."""
+    """Avalanche's CSVLogger, keeping the rows written before an interruption (it truncates its files)."""
     earlier = {}
     for name in _CSV_FILES:
         path = folder / name

@@ -58,7 +58,7 @@ class RunResult:
             accuracy of the shared head); empty in other scenarios.
         penalties: attention-distillation penalty (StreamKL or PAD) after every training
             iteration (empty without one).
-        wall_time_s: training plus evaluation time, summed over sessions when resumed.
+        wall_time_s: training plus evaluation time, summed over every start when resumed.
         peak_memory_mb: this run's own peak, in MiB: CUDA peak allocated memory on a GPU;
             on a CPU the peak resident set size of the process sampled while this run
             trained and evaluated (it includes the data and libraries the process holds,
@@ -126,7 +126,7 @@ class _Run:
         self.identity = RunIdentity(strategy, seed, config.fingerprint_json())
         self.joint = strategy == JOINT
         task_labels = stream.scenario == "task"
-        # joint: one training session on the union of every experience's data.
+        # joint: one training run on the union of every experience's data.
         train = [concat_datasets(list(stream.train))] if self.joint else stream.train
         self.train_experiences = _experiences(train, "train", task_labels)
         self.eval_experiences = _experiences(stream.eval_datasets(config.eval_split), config.eval_split, task_labels)
