@@ -1,21 +1,26 @@
-"""``cl-streamkl`` command line: ``cl-streamkl run`` trains and compares continual-learning strategies."""
+"""``cl-streamkl`` command line: ``cl-streamkl run`` trains and compares continual-learning strategies.
+
+Only light modules are imported here, so ``--help`` and argument errors answer at once;
+Avalanche, timm and matplotlib are imported when a run starts.
+"""
 
 from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from cl_streamkl.data.registry import DATASETS
-from cl_streamkl.data.stream import DOMAIN_SHIFTS, EVAL_SPLITS, SCENARIOS
+from cl_streamkl.data.registry import DATASETS, DOMAIN_SHIFTS, EVAL_SPLITS, SCENARIOS
 from cl_streamkl.experiment.config import (
-    AMP_MODES, DEFAULT_MODEL_KWARGS, DEFAULT_STRATEGIES, DEVICES, STRATEGY_COMPONENTS,
-    ExperimentConfig,
+    AMP_MODES, DEFAULT_MODEL_KWARGS, DEVICES, JOINT, LOGGERS, STRATEGY_COMPONENTS, ExperimentConfig,
 )
+from cl_streamkl.experiment.files import OutputWriteError
 
 _EXAMPLES = """\
 examples:
@@ -27,7 +32,18 @@ examples:
   cl-streamkl run --dataset cifar100 --data-root ~/data --image-size 128 --patch-size 4 \\
       --model vit_small_patch16_224 --pretrained-file vit_small.pth --device cuda --amp bf16
   cl-streamkl run --resume runs/20250101-120000      # continue an interrupted run
+  cl-streamkl run --config runs/20250101-120000/config.json --seeds 3 4   # same settings, other seeds
+  cl-streamkl run --strategies joint naive streamkl --log tensorboard csv
 """
+
+
+def quiet_third_party_warnings() -> None:
+    """Silence warnings of libraries the CLI imports that say nothing about the run.
+
+    qpsolvers, which Avalanche imports for its GEM plugin, warns on import when no QP
+    solver is installed; no strategy here solves a QP.
+    """
+    warnings.filterwarnings("ignore", message="no QP solver found", category=UserWarning, module="qpsolvers")
 
 
 def _layers(text: str) -> str | int | list[int]:
@@ -64,18 +80,30 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The ``cl-streamkl`` argument parser (sub-command ``run``)."""
+def build_parser(defaults: ExperimentConfig | None = None) -> argparse.ArgumentParser:
+    """The ``cl-streamkl`` argument parser (sub-command ``run``).
+
+    Args:
+        defaults: values of the options not given (``--config``'s file); the built-in
+            defaults when None.
+    """
+    return _parsers(defaults)[0]
+
+
+def _parsers(defaults: ExperimentConfig | None) -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The top-level parser and its ``run`` sub-parser."""
     parser = argparse.ArgumentParser(
         prog="cl-streamkl", description="Class-incremental experiments with StreamKL attention distillation.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     run = commands.add_parser(
         "run", help="train and compare strategies on a continual stream",
         description="Train every strategy on a class-, task- or domain-incremental stream, print a "
-                    "comparison table with paired differences over seeds, and write results.json, CSV "
-                    "files, plots and checkpoints to --out.",
+                    "comparison table (Class-IL, Task-IL or Domain-IL accuracy, forgetting, backward transfer, "
+                    "learning accuracy, time, peak memory) with paired differences over seeds, and write "
+                    "results.json, CSV files, plots and checkpoints to --out. Every check that needs no "
+                    "training runs before anything is written.",
         epilog=_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    d = ExperimentConfig()
+    d = ExperimentConfig() if defaults is None else defaults
 
     data = run.add_argument_group("data")
     data.add_argument("--dataset", choices=list(DATASETS), default=d.dataset,
@@ -85,12 +113,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help="class: new classes, one shared head; task: new classes with task labels, one "
                            "head per experience; domain: all classes under a new input shift "
                            "(default: %(default)s)")
-    data.add_argument("--data-root", metavar="DIR", help="folder holding the dataset files (all but digits)")
-    data.add_argument("--download", action="store_true",
+    data.add_argument("--data-root", metavar="DIR", default=d.data_root,
+                      help="folder holding the dataset files (all but digits and mnist5k)")
+    data.add_argument("--download", action="store_true", default=d.download,
                       help="fetch CIFAR / Tiny-ImageNet into --data-root if missing (off by default)")
-    data.add_argument("--experiences", type=_positive_int, dest="n_experiences", metavar="N",
-                      help="number of experiences (default: 5 for digits/cifar10/imagefolder, 10 otherwise)")
+    data.add_argument("--experiences", type=_positive_int, dest="n_experiences", metavar="N", default=d.n_experiences,
+                      help="number of experiences (default: 5 for digits, mnist5k, cifar10 and imagefolder, 10 otherwise)")
     data.add_argument("--first-experience-classes", type=_positive_int, metavar="N",
+                      default=d.first_experience_classes,
                       help="classes of the first experience; the rest are shared equally (class, task)")
     data.add_argument("--domain-shift", choices=DOMAIN_SHIFTS, default=d.domain_shift,
                       help="input shift per experience in --scenario domain (default: %(default)s)")
@@ -102,23 +132,27 @@ def build_parser() -> argparse.ArgumentParser:
                       help="data that fills the accuracy matrix; tune hyper-parameters on 'val' (default: %(default)s)")
     data.add_argument("--split-seed", type=int, default=d.split_seed,
                       help="seed of the train/validation/test splits, fixed across --seeds (default: %(default)s)")
-    data.add_argument("--in-chans", type=int, choices=(1, 3), help="channels for --dataset imagefolder (default 3)")
+    data.add_argument("--in-chans", type=int, choices=(1, 3), default=d.in_chans,
+                      help="channels for --dataset imagefolder (default 3)")
 
     model = run.add_argument_group("model")
     model.add_argument("--model", default=d.model, help="timm ViT/DeiT/EVA name (default: %(default)s)")
-    model.add_argument("--model-kwargs", nargs="*", type=_model_kwarg, metavar="KEY=VALUE",
-                       help="extra timm constructor arguments; default for the default model: "
+    model.add_argument("--model-kwargs", nargs="*", type=_model_kwarg, metavar="KEY=VALUE", default=d.model_kwargs,
+                       help="extra timm constructor arguments (pretrained=True is refused: nothing is downloaded, "
+                            "use --pretrained-file); default for the default model: "
                             + " ".join(f"{k}={v}" for k, v in DEFAULT_MODEL_KWARGS.items()))
-    model.add_argument("--image-size", type=_positive_int,
-                       help="input side length (default: 32 for digits/CIFAR, 64 otherwise)")
+    model.add_argument("--image-size", type=_positive_int, default=d.image_size,
+                       help="input side length (default: 32 for digits, mnist5k and CIFAR, 64 otherwise)")
     model.add_argument("--patch-size", type=_positive_int, default=d.patch_size,
                        help="patch side length; (image/patch)^2 tokens (default: %(default)s)")
-    model.add_argument("--pretrained-file", metavar="PATH", help="local weights file to start from (nothing is downloaded)")
+    model.add_argument("--pretrained-file", metavar="PATH", default=d.pretrained_file,
+                       help="local weights file to start from (nothing is downloaded)")
 
     train = run.add_argument_group("training")
-    train.add_argument("--strategies", nargs="+", default=list(DEFAULT_STRATEGIES), metavar="NAME",
-                       help=f"naive, or components joined by '+' from {', '.join(STRATEGY_COMPONENTS)} "
-                            f"(e.g. lwf+streamkl; default: {' '.join(DEFAULT_STRATEGIES)})")
+    train.add_argument("--strategies", nargs="+", default=list(d.strategies), metavar="NAME",
+                       help=f"naive; {JOINT} (trained once on every experience's data together: the upper "
+                            f"bound, combines with nothing); or components joined by '+' from "
+                            f"{', '.join(STRATEGY_COMPONENTS)} (e.g. lwf+streamkl; default: {' '.join(d.strategies)})")
     train.add_argument("--seeds", nargs="+", type=int, default=d.seeds, metavar="SEED",
                        help="one run per seed (class order and init); table shows mean ± std")
     train.add_argument("--epochs", type=_positive_int, default=d.epochs, help="epochs per experience (default: %(default)s)")
@@ -134,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="attention softmax temperature for the KL (default: %(default)s)")
     kl.add_argument("--kl-backend", choices=("auto", "torch", "triton"), default=d.kl_backend,
                     help="attention_kl backend (default: %(default)s: triton on CUDA)")
-    kl.add_argument("--compile-teacher", action="store_true",
+    kl.add_argument("--compile-teacher", action="store_true", default=d.compile_teacher,
                     help="run the frozen teacher through torch.compile (faster steps after a one-off compile)")
     kl.add_argument("--pad-alpha", type=float, default=d.pad_alpha,
                     help="weight of pooled attention distillation, strategy pad (default: %(default)s)")
@@ -147,63 +181,101 @@ def build_parser() -> argparse.ArgumentParser:
     control.add_argument("--device", choices=DEVICES, default=d.device, help="(default: %(default)s)")
     control.add_argument("--amp", choices=AMP_MODES, default=d.amp, help="mixed precision (default: %(default)s)")
     control.add_argument("--out", metavar="DIR", help="output folder (default: runs/<timestamp>)")
+    control.add_argument("--config", metavar="FILE",
+                         help="start from the settings of a saved config.json (or results.json); options given "
+                              "alongside override the file's values (its --out is not reused)")
     control.add_argument("--resume", metavar="DIR",
-                         help="continue the run in DIR with its saved configuration (no other options)")
+                         help="continue the run in DIR with its saved configuration (no other options but "
+                              "--log and --no-progress); its checkpoints are verified first")
+    control.add_argument("--log", action="extend", nargs="+", choices=LOGGERS, default=[], metavar="LOGGER",
+                         help=f"also report to Avalanche loggers, repeatable: {', '.join(LOGGERS)} (files under "
+                              "--out; wandb needs the wandb package)")
     control.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    return parser
+    return parser, run
 
 
-_CONTROL_ONLY = {"command", "resume", "no_progress"}
+_CONTROL_ONLY = {"command", "resume", "config", "log", "no_progress"}
 
 
-def _config_from_args(args: argparse.Namespace) -> ExperimentConfig:
+def _given_settings(argv: Sequence[str]) -> set[str]:
+    """The configuration fields whose options are given on the command line (not filled by a default)."""
+    parser, run = _parsers(None)
+    fields = {f.name for f in dataclasses.fields(ExperimentConfig)}
+    not_given = object()
+    run.set_defaults(**dict.fromkeys(fields, not_given))
+    given = vars(parser.parse_args(argv))
+    return {name for name in fields if given.get(name, not_given) is not not_given}
+
+
+def _file_defaults(argv: Sequence[str]) -> ExperimentConfig | None:
+    """The configuration named by ``--config`` (its ``out`` dropped), or None."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config")
+    known, _ = pre.parse_known_args(argv)
+    if known.config is None:
+        return None
+    from cl_streamkl.experiment.outputs import read_config_file
+
+    return dataclasses.replace(read_config_file(Path(known.config)), out=None)
+
+
+def _config_from_args(args: argparse.Namespace, base: ExperimentConfig | None = None) -> ExperimentConfig:
     fields = {k: v for k, v in vars(args).items() if k not in _CONTROL_ONLY}
     kwargs = fields.pop("model_kwargs")
     fields["model_kwargs"] = None if kwargs is None else dict(kwargs)
-    return ExperimentConfig(**fields)
+    return dataclasses.replace(base or ExperimentConfig(), **fields)
 
 
-def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def _run(args: argparse.Namespace, given: set[str], base: ExperimentConfig | None) -> int:
     from tqdm.auto import tqdm
 
     from cl_streamkl.experiment.outputs import environment, read_config, write_config, write_results
     from cl_streamkl.experiment.plots import write_plots
+    from cl_streamkl.experiment.preflight import check_experiment
     from cl_streamkl.experiment.runner import run_experiment
     from cl_streamkl.experiment.statistics import format_paired, paired_comparisons
     from cl_streamkl.experiment.summary import format_table, summarize
 
-    if args.resume is not None:
-        defaults = vars(parser.parse_args(["run"]))
-        changed = sorted(k for k, v in vars(args).items() if k not in _CONTROL_ONLY and v != defaults[k])
+    resume = args.resume is not None
+    if resume:
+        changed = sorted(given | ({"config"} if args.config else set()))
         if changed:
             raise ValueError("--resume takes its configuration from DIR/config.json; drop "
                              + ", ".join("--" + k.replace("_", "-") for k in changed))
         out_dir = Path(args.resume)
         config = read_config(out_dir).resolved()
     else:
-        config = _config_from_args(args)
+        config = _config_from_args(args, base)
         config.out = config.out or str(Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
         config = config.resolved()
         out_dir = Path(config.out)
         if (out_dir / "config.json").exists():
             raise ValueError(f"{str(out_dir)!r} already holds a run; pass --resume {out_dir} or another --out")
-        write_config(out_dir, config)
 
     print(f"cl-streamkl run: {config.dataset} ({config.scenario}-incremental), {config.model} ({config.image_size}px, patch {config.patch_size}), "
           f"strategies {', '.join(config.strategies)}, seeds {config.seeds}, eval on {config.eval_split} -> {out_dir}")
+    # Everything that needs no training is checked before the folder is claimed.
+    splits = check_experiment(config, args.log)
+    if not resume:
+        write_config(out_dir, config)
     env = environment()  # the code and libraries the run starts with
     try:
-        results = run_experiment(config, out_dir, resume=args.resume is not None,
-                                 show_progress=not args.no_progress, log=tqdm.write)
+        results = run_experiment(
+            config, out_dir, resume=resume, show_progress=not args.no_progress, log=tqdm.write,
+            warn=lambda message: tqdm.write(f"cl-streamkl: warning: {message}", file=sys.stderr),
+            splits=splits, loggers=args.log)
+        summary = summarize(results)
+        paired = paired_comparisons(results, config.scenario)
+        files = write_results(out_dir, config, results, summary, env, paired)
+        title = (f"{config.dataset}, {config.scenario}-incremental: {len(results[0].accuracy_matrix)} experiences, "
+                 f"{config.eval_split} split")
+        files += write_plots(summary, out_dir, title, config.scenario)
     except KeyboardInterrupt:
         print(f"\ninterrupted; continue with: cl-streamkl run --resume {out_dir}", file=sys.stderr)
         return 130
-    summary = summarize(results)
-    paired = paired_comparisons(results, config.scenario)
-    files = write_results(out_dir, config, results, summary, env, paired)
-    title = (f"{config.dataset}, {config.scenario}-incremental: {len(results[0].accuracy_matrix)} experiences, "
-             f"{config.eval_split} split")
-    files += write_plots(summary, out_dir, title)
+    except OutputWriteError as err:
+        raise OutputWriteError(f"{err}; once it can be written, continue with: cl-streamkl run --resume {out_dir}"
+                               ) from err
     seeds = f"{len(config.seeds)} seed{'s' if len(config.seeds) > 1 else ''}"
     print(f"\n{title}, {seeds}{' (mean ± std)' if len(config.seeds) > 1 else ''}\n")
     print(format_table(summary, config.scenario))
@@ -221,18 +293,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         argv: arguments without the program name (default: ``sys.argv[1:]``).
 
     Returns:
-        Exit status: 0 on success, 2 for invalid arguments or data, 130 when interrupted.
+        Exit status: 0 on success; 1 when a file cannot be written (read-only folder, full
+        disk); 2 for invalid arguments, data, configuration or checkpoints; 130 when
+        interrupted. Errors are one line on stderr.
     """
-    parser = build_parser()
+    quiet_third_party_warnings()
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = parser.parse_args(argv)
+        base = _file_defaults(argv)
+        args = build_parser(base).parse_args(argv)
+        given = _given_settings(argv)
     except SystemExit as exit_:  # argparse has printed its message already
         return int(exit_.code or 0)
-    try:
-        return _run(args, parser)
     except ValueError as err:
         print(f"cl-streamkl: error: {err}", file=sys.stderr)
         return 2
+    try:
+        return _run(args, given, base)
+    except KeyboardInterrupt:  # before training started: nothing to continue
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    except ValueError as err:
+        print(f"cl-streamkl: error: {err}", file=sys.stderr)
+        return 2
+    except (OutputWriteError, OSError) as err:
+        print(f"cl-streamkl: error: {err}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -71,6 +71,9 @@ OPTION_CASES = [
     ({"temperature": "2"}, TypeError, "temperature must be a real number"),
     ({"scale": 0.0}, ValueError, "scale must be a finite number > 0"),
     ({"teacher_scale": float("inf")}, ValueError, "teacher_scale must be a finite number > 0"),
+    ({"temperature": 1e-40}, ValueError, "scale / temperature .* exceeds"),
+    ({"scale": 1e38}, ValueError, "scale / temperature .* exceeds"),
+    ({"teacher_scale": 1e30, "temperature": 1e-3}, ValueError, "teacher_scale / temperature .* exceeds"),
     ({"causal": 1}, TypeError, "causal must be a bool"),
     ({"causal": True}, ValueError, "causal=True needs as many queries as keys"),
 ]
@@ -80,6 +83,13 @@ OPTION_CASES = [
 def test_bad_options(options, error, message):
     with pytest.raises(error, match=message):
         call(options)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_large_but_representable_scales_give_finite_rows(backend):
+    # The limit on scale / temperature leaves ordinary sharp attention alone.
+    out = call({"temperature": 1e-3, "backend": backend, "reduction": "none"})
+    assert torch.isfinite(out).all()
 
 
 def test_module_validates_options_at_construction():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import pickle
 from pathlib import Path
 
@@ -95,9 +96,18 @@ def _cifar_batch(rng: np.random.Generator, labels: list[int], label_key: str) ->
     return {"data": data, label_key: labels, "batch_label": "tiny"}
 
 
-def test_cifar10_pickles(tmp_path):
+def _trust_files(monkeypatch, dataset_class, folder: Path) -> None:
+    """Make the files just written count as the official release: the checksum table becomes theirs."""
+    def md5(name: str) -> str:
+        return hashlib.md5((folder / name).read_bytes()).hexdigest()
+
+    monkeypatch.setattr(dataset_class, "train_list", [[n, md5(n)] for n, _ in dataset_class.train_list])
+    monkeypatch.setattr(dataset_class, "test_list", [[n, md5(n)] for n, _ in dataset_class.test_list])
+    monkeypatch.setattr(dataset_class, "meta", {**dataset_class.meta, "md5": md5(dataset_class.meta["filename"])})
+
+
+def _write_cifar10(folder: Path) -> tuple[list[dict], list[int]]:
     rng = np.random.default_rng(0)
-    folder = tmp_path / "cifar-10-batches-py"
     folder.mkdir()
     batches = []
     for i in range(1, 6):
@@ -105,9 +115,45 @@ def test_cifar10_pickles(tmp_path):
         batches.append(batch)
         _write_pickle(folder / f"data_batch_{i}", batch)
     test_labels = list(range(10)) * 2
-    test_batch = _cifar_batch(rng, test_labels, "labels")
-    _write_pickle(folder / "test_batch", test_batch)
+    _write_pickle(folder / "test_batch", _cifar_batch(rng, test_labels, "labels"))
     _write_pickle(folder / "batches.meta", {"label_names": [f"c{i}" for i in range(10)]})
+    return batches, test_labels
+
+
+class _WritesAFile:
+    """Unpickling this runs code: it writes ``path``."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self):
+        return (Path.write_text, (self.path, "code ran"))
+
+
+def test_cifar_files_that_differ_from_the_release_are_never_unpickled(tmp_path, monkeypatch):
+    from torchvision import datasets
+
+    folder = tmp_path / "cifar-10-batches-py"
+    _write_cifar10(folder)
+    _trust_files(monkeypatch, datasets.CIFAR10, folder)
+    marker = tmp_path / "pwned"
+    _write_pickle(folder / "data_batch_1", {"data": _WritesAFile(marker), "labels": [0]})
+    with pytest.raises(ValueError, match=r"data_batch_1 is not the official release's file"):
+        load_splits("cifar10", data_root=tmp_path, image_size=32)
+    assert not marker.exists()
+    # Without the test's trusted table, even well-formed files are refused before unpickling.
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="MD5 mismatch"):
+        load_splits("cifar10", data_root=tmp_path, image_size=32)
+    assert not marker.exists()
+
+
+def test_cifar10_pickles(tmp_path, monkeypatch):
+    from torchvision import datasets
+
+    folder = tmp_path / "cifar-10-batches-py"
+    batches, test_labels = _write_cifar10(folder)
+    _trust_files(monkeypatch, datasets.CIFAR10, folder)
 
     splits = load_splits("cifar10", data_root=tmp_path, image_size=32)
     assert splits.in_chans == 3 and splits.num_classes == 10
@@ -125,7 +171,9 @@ def test_cifar10_pickles(tmp_path):
     assert sum(len(d) for d in stream.train) == 20 and sum(len(d) for d in stream.test) == 20
 
 
-def test_cifar100_pickles_use_fine_labels(tmp_path):
+def test_cifar100_pickles_use_fine_labels(tmp_path, monkeypatch):
+    from torchvision import datasets
+
     rng = np.random.default_rng(1)
     folder = tmp_path / "cifar-100-python"
     folder.mkdir()
@@ -136,6 +184,7 @@ def test_cifar100_pickles_use_fine_labels(tmp_path):
     _write_pickle(folder / "test", {**_cifar_batch(rng, list(range(100)), "fine_labels"),
                                     "coarse_labels": [0] * 100})
     _write_pickle(folder / "meta", {"fine_label_names": [f"f{i}" for i in range(100)]})
+    _trust_files(monkeypatch, datasets.CIFAR100, folder)
     splits = load_splits("cifar100", data_root=tmp_path, image_size=32)
     assert splits.num_classes == 100 and len(splits.train) == 200
     assert _labels_of(splits.train)[:5] == [0, 1, 2, 3, 4]
@@ -198,6 +247,30 @@ def test_tiny_imagenet_bad_annotation(tmp_path):
     (root / "val" / "val_annotations.txt").write_text("val_0.JPEG\tn77\t0\t0\t1\t1\n")
     with pytest.raises(ValueError, match="unknown class"):
         load_splits("tiny-imagenet", data_root=root, image_size=16)
+
+
+@pytest.mark.parametrize("name", ["../../outside.png", "/tmp/outside.png", "..", "sub/../../x.png"])
+def test_tiny_imagenet_annotations_stay_inside_val_images(tmp_path, name):
+    root = tmp_path / "data" / "tiny-imagenet-200"
+    _write_image(root / "train" / "n01" / "images" / "a.JPEG", 10)
+    _write_image(tmp_path / "outside.png", 10)
+    (root / "wnids.txt").write_text("n01\n")
+    (root / "val" / "images").mkdir(parents=True)
+    (root / "val" / "val_annotations.txt").write_text(f"{name}\tn01\t0\t0\t1\t1\n")
+    with pytest.raises(ValueError, match=r"val_annotations.txt:1: .* is not a file name inside"):
+        load_splits("tiny-imagenet", data_root=root, image_size=16)
+
+
+def test_tiny_imagenet_download_is_https_and_checksummed(tmp_path, monkeypatch):
+    from torchvision.datasets import utils
+
+    calls = []
+    monkeypatch.setattr(utils, "download_and_extract_archive", lambda url, **kwargs: calls.append((url, kwargs)))
+    with pytest.raises(ValueError, match="--download"):
+        load_splits("tiny-imagenet", data_root=tmp_path, image_size=64, download=True)
+    (url, kwargs), = calls
+    assert url == "https://cs231n.stanford.edu/tiny-imagenet-200.zip"
+    assert kwargs["md5"] == "90528d7ca1a48142e341f4ef8d21d0de"
 
 
 def test_image_folder_with_train_and_test(tmp_path):

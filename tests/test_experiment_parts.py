@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import time
+import warnings
 from types import SimpleNamespace
 
 import numpy as np
@@ -11,7 +13,7 @@ import torch
 from avalanche.training.plugins import EWCPlugin, LwFPlugin
 
 from cl_streamkl.data import build_stream, load_splits
-from cl_streamkl.experiment.checkpoint import load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from cl_streamkl.experiment.checkpoint import RunIdentity, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from cl_streamkl.experiment.config import ExperimentConfig, strategy_components
 from cl_streamkl.experiment.model import build_model
 from cl_streamkl.experiment.plugin_state import load_plugin_state, plugin_state
@@ -48,6 +50,41 @@ def test_replay_buffer_balances_experiences_and_restores_exactly(stream):
     assert torch.equal(state, torch.get_rng_state())
     buffer.resize(None, 8)
     assert len(buffer.buffer) == 8 and buffer.quotas() == {0: 2, 1: 2, 2: 2, 3: 2}
+
+
+def test_replay_buffer_update_is_not_avalanches_deprecated_one(stream):
+    buffer = SeededExperienceBuffer(20, stream.train, seed=0)
+    experience = SimpleNamespace(current_experience=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        # what ReplayPlugin.after_training_exp calls
+        buffer.update(SimpleNamespace(experience=experience))
+    assert caught == [] and len(buffer.buffer) == 20
+
+
+def test_chance_is_one_over_the_classes_the_head_chooses_from():
+    from cl_streamkl.experiment.runner import chance_accuracy
+
+    splits = load_splits("digits", data_root=None, image_size=8)
+    task = build_stream(splits, n_experiences=3, seed=0, val_fraction=0.1, scenario="task",
+                        first_experience_classes=4)
+    assert [chance_accuracy(task, j) for j in range(3)] == [1 / 4, 1 / 3, 1 / 3]
+    single_head = build_stream(splits, n_experiences=5, seed=0, val_fraction=0.1)
+    assert chance_accuracy(single_head, 4) == 1 / 10
+
+
+def test_peak_memory_is_each_runs_own_not_the_process_high_water_mark():
+    from cl_streamkl.experiment.memory import PeakMemory
+
+    cpu = torch.device("cpu")
+    with PeakMemory(cpu) as large:
+        block = torch.ones(50 * 2**20)  # 200 MiB, every page touched
+        time.sleep(0.05)
+        del block
+    with PeakMemory(cpu) as small:
+        time.sleep(0.05)
+    assert large.peak_mb > small.peak_mb + 150
+    assert small.peak_mb > 0
 
 
 def _roundtrip(state: object):
@@ -87,9 +124,12 @@ def test_lwf_and_ewc_states_survive_weights_only(stream):
 def test_checkpoint_is_atomic_and_rng_roundtrips(tmp_path):
     path = tmp_path / "ckpt" / "run.pt"
     random.seed(1), np.random.seed(1), torch.manual_seed(1)
-    save_checkpoint(path, {"rng": rng_state(), "x": torch.arange(3)})
+    identity = RunIdentity("naive", 0, ExperimentConfig().resolved().fingerprint_json())
+    state = {"experiences_done": 1, "finished": False, "model": {"w": torch.arange(3)}, "optimizer": {},
+             "scaler": None, "plugins": {}, "clock": {}, "rng": rng_state(), "result": {}}
+    save_checkpoint(path, state, identity)
     expected = (random.random(), float(np.random.rand()), float(torch.rand(())))
-    set_rng_state(load_checkpoint(path)["rng"])
+    set_rng_state(load_checkpoint(path, identity)["rng"])
     assert (random.random(), float(np.random.rand()), float(torch.rand(()))) == expected
     assert [p.name for p in path.parent.iterdir()] == ["run.pt"]  # no temp file left behind
 
@@ -101,6 +141,8 @@ def test_config_resolution_and_errors():
     assert ExperimentConfig.from_dict(cfg.to_dict()) == cfg
     assert strategy_components("replay+streamkl") == {"replay", "streamkl"}
     assert strategy_components("naive") == set()
+    assert strategy_components("joint") == {"joint"}
+    assert ExperimentConfig(dataset="mnist5k").resolved().image_size == 32
     for bad, match in [({"strategies": ["gem"]}, "unknown strategy component 'gem'"),
                        ({"strategies": ["naive+lwf"]}, "unknown strategy component 'naive'"),
                        ({"strategies": ["lwf+streamkl", "streamkl+lwf"]}, "repeat a combination"),
@@ -115,7 +157,9 @@ def test_config_resolution_and_errors():
                        ({"seeds": []}, "seeds"),
                        ({"image_size": 30}, "not divisible"),
                        ({"amp": "int8"}, "amp"),
-                       ({"dataset": "mnist"}, "unknown dataset")]:
+                       ({"dataset": "mnist"}, "unknown dataset"),
+                       ({"strategies": ["replay+joint"]}, "does not combine"),
+                       ({"model_kwargs": {"pretrained": True}}, "--pretrained-file")]:
         with pytest.raises(ValueError, match=match):
             ExperimentConfig(**bad).resolved()
     with pytest.raises(ValueError, match="unknown keys"):

@@ -488,6 +488,25 @@ def test_state_without_teacher_and_rejected_states(tmp_path) -> None:
         pending.attach(tiny_model(depth=3))
 
 
+def test_state_from_a_model_with_another_head_count_is_refused(tmp_path) -> None:
+    plugin = StreamKLPlugin(alpha=1.0, backend="torch")
+    plugin.distiller.update_teacher(tiny_model())
+    torch.save(plugin.state_dict(), tmp_path / "plugin.pt")
+    state = torch.load(tmp_path / "plugin.pt", weights_only=True)
+    assert state["distiller"]["teacher_heads"] == [2, 2]
+    four_heads = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, patch_size=8,
+                                   num_classes=4, depth=2, embed_dim=64, num_heads=4)
+    # Same tensor names and shapes: only the head count tells the two apart.
+    assert {k: v.shape for k, v in four_heads.state_dict().items()} == {
+        k: v.shape for k, v in tiny_model().state_dict().items()}
+    restored = StreamKLPlugin(alpha=1.0, backend="torch")
+    restored.load_state_dict(state)
+    with pytest.raises(ValueError, match=r"\[2, 2\] attention heads per block but this model has \[4, 4\]"):
+        restored.attach(four_heads)
+    restored.attach(tiny_model(seed=3))
+    assert restored.teacher is not None
+
+
 # ---------------------------------------------------------------- GPU smoke script, CPU dry run
 
 

@@ -1,10 +1,15 @@
-"""Continual streams (class-, task- and domain-incremental) over offline and on-disk image datasets."""
+"""Continual streams (class-, task- and domain-incremental) over offline and on-disk image datasets.
 
-from cl_streamkl.data.images import FileImages, TensorImages
-from cl_streamkl.data.registry import DATASETS, build_stream, load_splits
-from cl_streamkl.data.stream import (
-    DOMAIN_SHIFTS, SCENARIOS, ExperienceStream, LabeledSplits, split_class_incremental, split_domain_incremental,
-)
+The names and defaults (:data:`DATASETS`, :data:`SCENARIOS`, :data:`DOMAIN_SHIFTS`) import
+cheaply; the datasets and streams, which need torch and Avalanche, are imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from cl_streamkl.data.registry import DATASETS, DOMAIN_SHIFTS, SCENARIOS, build_stream, load_splits
 
 __all__ = [
     "DATASETS",
@@ -19,3 +24,18 @@ __all__ = [
     "split_class_incremental",
     "split_domain_incremental",
 ]
+
+_LAZY = {
+    "FileImages": "cl_streamkl.data.images",
+    "TensorImages": "cl_streamkl.data.images",
+    "ExperienceStream": "cl_streamkl.data.stream",
+    "LabeledSplits": "cl_streamkl.data.stream",
+    "split_class_incremental": "cl_streamkl.data.stream",
+    "split_domain_incremental": "cl_streamkl.data.stream",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,17 +1,21 @@
-"""Dataset names the CLI accepts, their defaults, and one entry point to build a stream."""
+"""Dataset and scenario names the CLI accepts, their defaults, and one entry point to build a stream.
+
+Importing this module is cheap (no torch, Avalanche or loaders): the command line builds
+its help from it. The loaders are imported when data is loaded.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from cl_streamkl.data.bundled import load_digits, load_mnist5k
-from cl_streamkl.data.cifar import load_cifar
-from cl_streamkl.data.image_folder import load_image_folder
-from cl_streamkl.data.stream import (
-    ExperienceStream, LabeledSplits, split_class_incremental, split_domain_incremental,
-)
-from cl_streamkl.data.tiny_imagenet import load_tiny_imagenet
+if TYPE_CHECKING:
+    from cl_streamkl.data.stream import ExperienceStream, LabeledSplits
+
+EVAL_SPLITS = ("test", "val")
+SCENARIOS = ("class", "task", "domain")
+DOMAIN_SHIFTS = ("rotate", "permute")
 
 
 @dataclass(frozen=True)
@@ -60,21 +64,28 @@ def load_splits(
         raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
     if in_chans is not None and name != "imagefolder":
         raise ValueError(f"in_chans can only be chosen for 'imagefolder'; {name!r} has fixed channels")
-    if name == "digits":
-        return load_digits(image_size=image_size, split_seed=split_seed)
-    if name == "mnist5k":
-        return load_mnist5k(image_size=image_size, split_seed=split_seed)
+    if name in ("digits", "mnist5k"):
+        from cl_streamkl.data.bundled import load_digits, load_mnist5k
+
+        loader = load_digits if name == "digits" else load_mnist5k
+        return loader(image_size=image_size, split_seed=split_seed)
     if data_root is None:
         raise ValueError(f"dataset {name!r} needs --data-root (the folder holding its files)")
     root = Path(data_root).expanduser()
     if not root.exists() and not download:
         raise ValueError(f"data root {str(root)!r} does not exist (pass --download to fetch {name})")
     if name in ("cifar10", "cifar100"):
+        from cl_streamkl.data.cifar import load_cifar
+
         return load_cifar(name, root, image_size=image_size, download=download)
     if name == "tiny-imagenet":
+        from cl_streamkl.data.tiny_imagenet import load_tiny_imagenet
+
         return load_tiny_imagenet(root, image_size=image_size, download=download)
     if download:
         raise ValueError("imagefolder data cannot be downloaded; point --data-root at your folder")
+    from cl_streamkl.data.image_folder import load_image_folder
+
     return load_image_folder(root, image_size=image_size, in_chans=in_chans or 3,
                              split_seed=split_seed)
 
@@ -100,6 +111,8 @@ def build_stream(
     Raises:
         ValueError: unknown scenario, or options that do not fit it or the data.
     """
+    from cl_streamkl.data.stream import split_class_incremental, split_domain_incremental
+
     if n_experiences is None:
         n_experiences = DATASETS[splits.name].n_experiences
     if scenario == "domain":

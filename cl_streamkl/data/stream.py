@@ -22,9 +22,8 @@ from avalanche.benchmarks.utils.data import AvalancheDataset
 from torch.utils.data import Dataset
 from torchvision.transforms.v2 import functional as TF
 
-EVAL_SPLITS = ("test", "val")
-SCENARIOS = ("class", "task", "domain")
-DOMAIN_SHIFTS = ("rotate", "permute")
+# The names live in the registry, which the command line imports without torch or Avalanche.
+from cl_streamkl.data.registry import DOMAIN_SHIFTS, EVAL_SPLITS, SCENARIOS  # noqa: F401 (re-exported)
 
 
 @dataclass

@@ -9,6 +9,9 @@ Layout (``root`` may be the folder that contains ``tiny-imagenet-200`` or that f
     tiny-imagenet-200/val/val_annotations.txt        "file<TAB>wnid<TAB>x0<TAB>y0<TAB>x1<TAB>y1"
 
 The official test labels are not public, so the labelled ``val`` split serves as test set.
+Annotation lines name plain files inside ``val/images``; any other path (``../x.png``, an
+absolute path) is refused. ``--download`` fetches the official archive over HTTPS and checks
+its MD5 before unpacking it.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from pathlib import Path
 from cl_streamkl.data.images import FileImages
 from cl_streamkl.data.stream import LabeledSplits
 
-URL = "http://cs231n.stanford.edu/tiny-imagenet-200.zip"
+URL = "https://cs231n.stanford.edu/tiny-imagenet-200.zip"
+MD5 = "90528d7ca1a48142e341f4ef8d21d0de"
 FOLDER = "tiny-imagenet-200"
 _EXTENSIONS = {".jpeg", ".jpg", ".png"}
 
@@ -49,14 +53,15 @@ def load_tiny_imagenet(
         images are decoded lazily.
 
     Raises:
-        ValueError: the layout is missing or inconsistent and ``download`` is False.
+        ValueError: the layout is missing or inconsistent and ``download`` is False,
+            or an annotation names a file outside ``val/images``.
     """
     root = Path(root).expanduser()
     folder = _find_folder(root)
     if folder is None and download:
         from torchvision.datasets.utils import download_and_extract_archive
 
-        download_and_extract_archive(URL, download_root=str(root))
+        download_and_extract_archive(URL, download_root=str(root), md5=MD5)
         folder = _find_folder(root)
     if folder is None:
         raise ValueError(
@@ -85,7 +90,11 @@ def load_tiny_imagenet(
         fields = line.split("\t")
         if len(fields) < 2 or fields[1] not in label_of:
             raise ValueError(f"tiny-imagenet: {annotations}:{line_no}: unknown class in {line!r}")
-        test_paths.append(folder / "val" / "images" / fields[0])
+        name = fields[0]
+        if name in ("", ".", "..") or Path(name).name != name or "\\" in name:
+            raise ValueError(f"tiny-imagenet: {annotations}:{line_no}: {name!r} is not a file name inside "
+                             f"{folder / 'val' / 'images'}")
+        test_paths.append(folder / "val" / "images" / name)
         test_targets.append(label_of[fields[1]])
 
     names = dict.fromkeys(wnids)

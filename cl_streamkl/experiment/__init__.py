@@ -1,15 +1,15 @@
-"""Class-incremental experiments: configuration, model and strategy factories, run loop, outputs."""
+"""Continual-learning experiments: configuration, model and strategy factories, run loop, outputs.
+
+:class:`ExperimentConfig` and the strategy names import cheaply (the command line builds
+its help from them); everything that trains is imported on first use.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 from cl_streamkl.experiment.config import DEFAULT_STRATEGIES, STRATEGY_COMPONENTS, ExperimentConfig
-from cl_streamkl.experiment.accuracy_matrix import (
-    average_accuracy_per_experience,
-    average_forgetting,
-    backward_transfer,
-    final_average_accuracy,
-)
-from cl_streamkl.experiment.model import build_model
-from cl_streamkl.experiment.runner import RunResult, run_experiment
-from cl_streamkl.experiment.summary import format_table, summarize
 
 __all__ = [
     "DEFAULT_STRATEGIES",
@@ -25,3 +25,21 @@ __all__ = [
     "run_experiment",
     "summarize",
 ]
+
+_LAZY = {
+    "average_accuracy_per_experience": "cl_streamkl.experiment.accuracy_matrix",
+    "average_forgetting": "cl_streamkl.experiment.accuracy_matrix",
+    "backward_transfer": "cl_streamkl.experiment.accuracy_matrix",
+    "final_average_accuracy": "cl_streamkl.experiment.accuracy_matrix",
+    "build_model": "cl_streamkl.experiment.model",
+    "RunResult": "cl_streamkl.experiment.runner",
+    "run_experiment": "cl_streamkl.experiment.runner",
+    "format_table": "cl_streamkl.experiment.summary",
+    "summarize": "cl_streamkl.experiment.summary",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

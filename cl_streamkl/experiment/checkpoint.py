@@ -1,32 +1,165 @@
-"""Atomic checkpoint files and the RNG state they carry (all loadable with weights_only=True)."""
+"""Checkpoint files that check themselves, and the RNG state they carry (all weights_only-loadable).
+
+A checkpoint records which run it belongs to (strategy, seed and a fingerprint of the
+configuration, see :meth:`~cl_streamkl.experiment.config.ExperimentConfig.fingerprint`)
+and a SHA-256 checksum of its whole content. :func:`load_checkpoint` refuses a file that
+cannot be read, was changed after it was written, or belongs to another run, with a
+:class:`CheckpointError` whose one-line message names the file and what to do.
+"""
 
 from __future__ import annotations
 
-import os
+import hashlib
+import json
 import random
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from cl_streamkl.experiment.files import write_atomically
 
-def save_checkpoint(path: str | Path, state: dict[str, Any]) -> None:
-    """``torch.save`` to a temporary file, then rename over ``path``.
+CHECKPOINT_FORMAT = "cl_streamkl.run-checkpoint/2"
+_REQUIRED_KEYS = ("strategy", "seed", "config", "config_fingerprint", "experiences_done", "finished", "model",
+                  "optimizer", "scaler", "plugins", "clock", "rng", "result")
 
-    A crash mid-write leaves the previous checkpoint intact: the rename is atomic on
-    POSIX file systems.
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: unreadable, changed after writing, or of another run."""
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """What a checkpoint must belong to: one (strategy, seed) run of one configuration.
+
+    Attributes:
+        strategy: strategy name, e.g. ``"replay+streamkl"``.
+        seed: run seed.
+        config: the configuration's fingerprinted fields as canonical JSON
+            (:meth:`~cl_streamkl.experiment.config.ExperimentConfig.fingerprint_json`).
+    """
+
+    strategy: str
+    seed: int
+    config: str
+
+    @property
+    def fingerprint(self) -> str:
+        return hashlib.sha256(self.config.encode()).hexdigest()
+
+    def describe(self) -> str:
+        return f"{self.strategy} seed {self.seed}"
+
+
+def _feed(digest: Any, value: Any) -> None:
+    """Hash ``value`` (nested dicts, lists, tuples, tensors, plain scalars) in a canonical order."""
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().contiguous()
+        digest.update(f"T{tensor.dtype}{tuple(tensor.shape)}:".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+    elif isinstance(value, dict):
+        digest.update(f"D{len(value)}:".encode())
+        for key in sorted(value, key=lambda k: (type(k).__name__, repr(k))):
+            _feed(digest, key)
+            _feed(digest, value[key])
+    elif isinstance(value, (list, tuple)):
+        digest.update(f"{type(value).__name__[0]}{len(value)}:".encode())
+        for item in value:
+            _feed(digest, item)
+    elif value is None or isinstance(value, (bool, int, float, str)):
+        digest.update(f"{type(value).__name__}:{value!r};".encode())
+    else:
+        raise TypeError(f"cannot checksum a {type(value).__name__} in a checkpoint")
+
+
+def checksum(state: dict[str, Any]) -> str:
+    """SHA-256 over every tensor's bytes, dtype and shape and every other value of ``state``."""
+    digest = hashlib.sha256()
+    _feed(digest, {key: value for key, value in state.items() if key != "checksum"})
+    return digest.hexdigest()
+
+
+def save_checkpoint(path: str | Path, state: dict[str, Any], identity: RunIdentity) -> None:
+    """Write ``state`` with its identity and checksum, replacing ``path`` atomically.
+
+    A failure (read-only folder, full disk) leaves the previous checkpoint intact and no
+    temporary file behind.
+
+    Raises:
+        OutputWriteError: the file cannot be written.
+    """
+    stamped = {**state, "format": CHECKPOINT_FORMAT, "strategy": identity.strategy, "seed": identity.seed,
+               "config": identity.config, "config_fingerprint": identity.fingerprint}
+    stamped["checksum"] = checksum(stamped)
+    write_atomically(path, lambda handle: torch.save(stamped, handle))
+
+
+def _unreadable(path: Path) -> str:
+    """Why ``torch.load`` failed, in words (its own message may suggest loading unsafely)."""
+    try:
+        with open(path, "rb") as handle:
+            empty = not handle.read(1)
+    except OSError as error:
+        return f"cannot be read ({error.strerror or error})"
+    return "is empty" if empty else "is truncated or not a checkpoint file"
+
+
+def _differing_fields(saved: str, expected: str) -> list[str]:
+    try:
+        old, new = json.loads(saved), json.loads(expected)
+    except (TypeError, ValueError):
+        return []
+    return sorted(key for key in old.keys() | new.keys() if old.get(key) != new.get(key))
+
+
+def load_checkpoint(path: str | Path, identity: RunIdentity) -> dict[str, Any]:
+    """Load a checkpoint of :func:`save_checkpoint` onto the CPU and check it belongs to ``identity``.
+
+    Args:
+        path: the checkpoint file.
+        identity: the run that is about to continue from it.
+
+    Returns:
+        The state as saved.
+
+    Raises:
+        CheckpointError: the file cannot be read (empty, truncated, garbage), its checksum
+            does not match its content, or it belongs to another strategy, seed or
+            configuration. The message is one line naming the file and what to do.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-
-
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load a checkpoint written by :func:`save_checkpoint` onto the CPU (weights_only)."""
-    return torch.load(Path(path), map_location="cpu", weights_only=True)
+    restart = f"delete it to restart {identity.describe()} from its first experience"
+    try:
+        with warnings.catch_warnings():
+            # A damaged file may also draw a warning about its pickle protocol: the error says it all.
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\._weights_only_unpickler")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # noqa: BLE001 - whatever torch.load raises, the file is unusable
+        raise CheckpointError(f"checkpoint {path} {_unreadable(path)}; {restart}") from None
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT or "checksum" not in state:
+        raise CheckpointError(f"{path} is not a checkpoint of this cl-streamkl version; {restart}")
+    missing = [key for key in _REQUIRED_KEYS if key not in state]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} lacks {missing}; {restart}")
+    try:
+        intact = checksum(state) == state["checksum"]
+    except TypeError:
+        intact = False
+    if not intact:
+        raise CheckpointError(f"checkpoint {path} fails its checksum: it was changed or damaged after it was "
+                              f"written; {restart}")
+    if state["strategy"] != identity.strategy or state["seed"] != identity.seed:
+        raise CheckpointError(f"checkpoint {path} belongs to {state['strategy']} seed {state['seed']}, not "
+                              f"{identity.describe()}; {restart}")
+    if state["config_fingerprint"] != identity.fingerprint:
+        fields = _differing_fields(state["config"], identity.config)
+        differ = f" ({', '.join(fields)} differ)" if fields else ""
+        raise CheckpointError(f"checkpoint {path} was written under another configuration than config.json"
+                              f"{differ}; restore config.json, or {restart}")
+    return state
 
 
 def rng_state() -> dict[str, Any]:

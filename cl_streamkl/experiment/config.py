@@ -1,27 +1,37 @@
-"""The fully resolved configuration of one experiment (what results.json records)."""
+"""The fully resolved configuration of one experiment (what results.json records).
+
+Importing this module is cheap (no torch, timm or Avalanche): the command line builds its
+help from it.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from cl_streamkl.data.registry import DATASETS
-from cl_streamkl.data.stream import DOMAIN_SHIFTS, EVAL_SPLITS, SCENARIOS
-from cl_streamkl.experiment.model import check_model_name
+from cl_streamkl.data.registry import DATASETS, DOMAIN_SHIFTS, EVAL_SPLITS, SCENARIOS
 
-# What a strategy name combines with "+": "naive" alone, or any of these (e.g. "lwf+streamkl").
+# What a strategy name combines with "+": "naive" or "joint" alone, or any of these (e.g. "lwf+streamkl").
 STRATEGY_COMPONENTS = ("lwf", "ewc", "replay", "wa", "streamkl", "pad")
+# Trains once on every experience's data together: the upper bound the others are read against.
+JOINT = "joint"
 ATTENTION_DISTILLATIONS = ("streamkl", "pad")
 DEFAULT_STRATEGIES = ("naive", "lwf", "streamkl", "lwf+streamkl")
 AMP_MODES = ("none", "bf16", "fp16")
+# Avalanche loggers --log can add (see cl_streamkl.experiment.loggers).
+LOGGERS = ("tensorboard", "csv", "wandb")
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_MODEL = "vit_tiny_patch16_224"
 # A 4-block, 64-wide ViT; with 32 px images and 8 px patches (16 tokens, each 2×2 digit pixels)
 # it learns each Split-Digits experience in a few seconds on two CPU cores.
 DEFAULT_MODEL_KWARGS: dict[str, Any] = {"depth": 4, "embed_dim": 64, "num_heads": 2}
-DEFAULT_IMAGE_SIZE = {"digits": 32, "cifar10": 32, "cifar100": 32, "tiny-imagenet": 64,
+DEFAULT_IMAGE_SIZE = {"digits": 32, "mnist5k": 32, "cifar10": 32, "cifar100": 32, "tiny-imagenet": 64,
                       "imagefolder": 64}
+# Fields that do not change what one (strategy, seed) run computes: where files live, and
+# which other runs the experiment holds. A checkpoint's fingerprint leaves them out.
+FINGERPRINT_EXCLUDED = ("out", "data_root", "download", "strategies", "seeds")
 
 Layers = str | int | list[int]
 
@@ -83,6 +93,8 @@ class ExperimentConfig:
         Raises:
             ValueError: any field is out of range or names something unknown.
         """
+        from cl_streamkl.experiment.model import check_model_kwargs, check_model_name
+
         cfg = dataclasses.replace(self, strategies=list(self.strategies), seeds=list(self.seeds))
         if cfg.dataset not in DATASETS:
             raise ValueError(f"unknown dataset {cfg.dataset!r}; choose from {', '.join(DATASETS)}")
@@ -92,6 +104,7 @@ class ExperimentConfig:
         if cfg.model_kwargs is None:
             cfg.model_kwargs = dict(DEFAULT_MODEL_KWARGS) if cfg.model == DEFAULT_MODEL else {}
         cfg.model_kwargs = dict(cfg.model_kwargs)
+        check_model_kwargs(cfg.model_kwargs)
         _check_positive(cfg, "image_size", "patch_size", "epochs", "batch_size", "eval_batch_size")
         if cfg.image_size % cfg.patch_size:
             raise ValueError(
@@ -133,6 +146,16 @@ class ExperimentConfig:
         """JSON-ready dict of all fields."""
         return dataclasses.asdict(self)
 
+    def fingerprint_json(self) -> str:
+        """Canonical JSON of every field that shapes a single (strategy, seed) run.
+
+        Leaves out :data:`FINGERPRINT_EXCLUDED` (file locations, the lists of strategies
+        and seeds). A checkpoint stores it, and a resumed run continues from a checkpoint
+        only when the configuration gives the same text.
+        """
+        fields = {k: v for k, v in self.to_dict().items() if k not in FINGERPRINT_EXCLUDED}
+        return json.dumps(fields, sort_keys=True, default=repr)
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ExperimentConfig:
         """Inverse of :meth:`to_dict`; unknown keys are an error (a results file from elsewhere)."""
@@ -153,20 +176,26 @@ def _check_positive(cfg: ExperimentConfig, *names: str) -> None:
 def strategy_components(name: str, scenario: str = "class") -> frozenset[str]:
     """The components a strategy name combines: ``"lwf+streamkl"`` → ``{"lwf", "streamkl"}``.
 
-    ``"naive"`` (alone) has none. Order does not matter (``"streamkl+lwf"`` is the same
-    strategy).
+    ``"naive"`` (alone) has none; ``"joint"`` (alone) is ``{"joint"}``. Order does not
+    matter (``"streamkl+lwf"`` is the same strategy).
 
     Raises:
-        ValueError: an unknown or repeated component, ``naive`` combined with others,
-            both attention distillations at once, or weight aligning (``wa``, a
-            correction of one shared head over all classes) outside scenario ``class``.
+        ValueError: an unknown or repeated component, ``naive`` or ``joint`` combined
+            with others, both attention distillations at once, or weight aligning
+            (``wa``, a correction of one shared head over all classes) outside scenario
+            ``class``.
     """
     parts = name.split("+")
     if name == "naive":
         return frozenset()
+    if name == JOINT:
+        return frozenset({JOINT})
+    if JOINT in parts:
+        raise ValueError(f"strategy {name!r}: joint trains once on every experience's data together, the upper "
+                         "bound of the others; it does not combine with other components")
     unknown = [part for part in parts if part not in STRATEGY_COMPONENTS]
     if unknown:
-        raise ValueError(f"unknown strategy component {unknown[0]!r} in {name!r}; use 'naive' or combine "
+        raise ValueError(f"unknown strategy component {unknown[0]!r} in {name!r}; use 'naive', 'joint' or combine "
                          f"{', '.join(STRATEGY_COMPONENTS)} with '+'")
     if len(set(parts)) != len(parts):
         raise ValueError(f"strategy {name!r} repeats a component")

@@ -12,6 +12,17 @@ from torch import nn
 from cl_streamkl.experiment.task_heads import MultiHeadViT
 
 
+def check_model_kwargs(model_kwargs: dict[str, Any]) -> None:
+    """Refuse ``pretrained=True``: timm would download weights, and only ``pretrained_file`` loads any.
+
+    Raises:
+        ValueError: ``model_kwargs`` sets ``pretrained`` to anything but False/None.
+    """
+    if model_kwargs.get("pretrained") not in (False, None):
+        raise ValueError(f"model kwarg pretrained={model_kwargs['pretrained']!r} would download weights, and "
+                         "nothing is downloaded here: pass a local weights file with --pretrained-file instead")
+
+
 def check_model_name(name: str) -> None:
     """Raise ValueError (with close matches) unless ``name`` is a timm model name."""
     names = timm.list_models()
@@ -56,12 +67,14 @@ def build_model(
 
     Raises:
         ValueError: unknown name, a model without patch embedding, a size mismatch,
-            a missing weights file or weights that do not fit the architecture.
+            a missing weights file, weights that do not fit the architecture, or
+            ``model_kwargs`` asking timm to download weights.
     """
     check_model_name(name)
     if image_size % patch_size:
         raise ValueError(f"image size {image_size} is not divisible by patch size {patch_size}")
     kwargs: dict[str, Any] = dict(model_kwargs or {})
+    check_model_kwargs(kwargs)
     kwargs.update(img_size=image_size, patch_size=patch_size, in_chans=in_chans,
                   num_classes=0 if head_sizes is not None else num_classes)
     if pretrained_file is not None:

@@ -40,6 +40,14 @@ class SeededExperienceBuffer(ExemplarsBuffer):
         self.order[exp_id] = torch.randperm(len(self.train_datasets[exp_id]), generator=generator)
         self._rebuild()
 
+    def update(self, strategy: Any, **kwargs: Any) -> None:
+        """What Avalanche's ``ReplayPlugin`` calls after each experience: :meth:`post_adapt`.
+
+        Overridden so the call skips the base class's deprecated ``update``, whose warning
+        also resets Python's warning filters on every experience.
+        """
+        self.post_adapt(strategy, strategy.experience)
+
     def resize(self, strategy: Any, new_size: int) -> None:
         """Change the capacity and redistribute it over the stored experiences."""
         self.max_size = new_size

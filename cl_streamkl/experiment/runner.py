@@ -2,37 +2,44 @@
 
 from __future__ import annotations
 
-import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from avalanche.benchmarks.scenarios.dataset_scenario import DatasetExperience
+from avalanche.benchmarks.scenarios.generic_scenario import EagerCLStream
 from avalanche.benchmarks.scenarios.task_aware import with_task_labels
+from avalanche.benchmarks.utils.utils import concat_datasets
 from avalanche.training.plugins.clock import Clock
 from torch import nn
 
-from cl_streamkl.data.registry import build_stream, load_splits
 from cl_streamkl.data.stream import ExperienceStream, LabeledSplits
-from cl_streamkl.experiment.checkpoint import (
-    load_checkpoint, rng_state, save_checkpoint, seed_everything, set_rng_state,
-)
-from cl_streamkl.experiment.config import ExperimentConfig
-from cl_streamkl.experiment.evaluation import accuracy_per_experience
 from cl_streamkl.experiment.accuracy_matrix import (
     average_accuracy_per_experience, average_forgetting, backward_transfer, final_average_accuracy,
     learning_accuracy,
 )
-from cl_streamkl.experiment.model import build_model
+from cl_streamkl.experiment.checkpoint import (
+    RunIdentity, load_checkpoint, rng_state, save_checkpoint, seed_everything, set_rng_state,
+)
+from cl_streamkl.experiment.config import JOINT, ExperimentConfig
+from cl_streamkl.experiment.evaluation import accuracy_per_experience
+from cl_streamkl.experiment.loggers import build_evaluator, build_loggers, close_loggers
+from cl_streamkl.experiment.memory import PeakMemory
 from cl_streamkl.experiment.plugin_state import load_plugin_state, plugin_state
+from cl_streamkl.experiment.preflight import build_run_model, build_run_stream, check_experiment, resolve_device
 from cl_streamkl.experiment.progress import ProgressPlugin
 from cl_streamkl.experiment.strategy_plugins import build_plugins
 from cl_streamkl.experiment.template import AmpSupervisedTemplate
 
+__all__ = ["RunResult", "checkpoint_path", "chance_accuracy", "resolve_device", "run_experiment"]
+
 Log = Callable[[str], None]
+# An experience counts as learned once its accuracy right after training reaches this
+# multiple of chance; below it the table's forgetting and transfer mean little.
+LEARNED_OVER_CHANCE = 1.5
 
 
 @dataclass
@@ -43,15 +50,19 @@ class RunResult:
         accuracy_matrix: (T, T) nested list, ``[i][j]`` = accuracy on experience j after
             training experience i, as the scenario measures it: Class-IL accuracy (one
             head, all classes) in ``class``, Task-IL accuracy (experience j's own head)
-            in ``task``, accuracy under experience j's input shift in ``domain``.
+            in ``task``, accuracy under experience j's input shift in ``domain``. For
+            ``joint``, trained once on every experience's data, all T rows are the one
+            evaluation after that training (so forgetting and transfer are 0).
         task_il_matrix: ``class`` only: (T, T) like ``accuracy_matrix`` but each
             prediction restricted to the evaluated experience's classes (Task-IL
             accuracy of the shared head); empty in other scenarios.
         penalties: attention-distillation penalty (StreamKL or PAD) after every training
             iteration (empty without one).
-        wall_time_s: training plus evaluation time, summed across the runs of a resumed experiment.
-        peak_memory_mb: CUDA peak allocated memory on GPU; on CPU the process's peak
-            resident set size so far (an upper bound shared by earlier runs).
+        wall_time_s: training plus evaluation time, summed over every start when resumed.
+        peak_memory_mb: this run's own peak, in MiB: CUDA peak allocated memory on a GPU;
+            on a CPU the peak resident set size of the process sampled while this run
+            trained and evaluated (it includes the data and libraries the process holds,
+            so compare strategies by their differences).
     """
 
     strategy: str
@@ -80,66 +91,70 @@ class RunResult:
         return {**asdict(self), **self.metrics()}
 
 
-def resolve_device(device: str) -> torch.device:
-    """``"auto"`` → CUDA when available, else CPU; ``"cuda"`` without a GPU is an error."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' requested but torch.cuda.is_available() is False")
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device must be auto, cpu or cuda; got {device!r}")
-    return torch.device(device)
-
-
 def checkpoint_path(out_dir: Path, strategy: str, seed: int) -> Path:
     return out_dir / "checkpoints" / f"{strategy}-seed{seed}.pt"
 
 
-def _peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+def chance_accuracy(stream: ExperienceStream, experience: int) -> float:
+    """Accuracy of guessing on ``experience``: one over the classes its head chooses from.
+
+    ``class`` and ``domain``: the shared head over every class; ``task``: the
+    experience's own head.
+    """
+    if stream.scenario == "task":
+        return 1.0 / len(stream.experience_classes[experience])
+    return 1.0 / stream.num_classes
+
+
+def _experiences(datasets: Sequence[Any], stream_name: str, task_labels: bool) -> list[DatasetExperience]:
+    """Experiences of a named stream (Avalanche's metrics name their values after it)."""
+    experiences = [DatasetExperience(dataset=dataset, current_experience=i) for i, dataset in enumerate(datasets)]
+    if task_labels:
+        # Avalanche's forward passes the minibatch's task labels to the model only for
+        # experiences that declare theirs.
+        experiences = [with_task_labels(experience) for experience in experiences]
+    return list(EagerCLStream(stream_name, experiences))
 
 
 class _Run:
     """One (strategy, seed) run: model, template and plugins, plus its checkpoint file."""
 
-    def __init__(self, config: ExperimentConfig, stream: ExperienceStream, strategy: str,
-                 seed: int, device: torch.device, show_progress: bool) -> None:
+    def __init__(self, config: ExperimentConfig, stream: ExperienceStream, strategy: str, seed: int,
+                 device: torch.device, show_progress: bool, loggers: Sequence[Any] = ()) -> None:
         self.config, self.stream, self.strategy, self.seed = config, stream, strategy, seed
         self.device = device
+        self.identity = RunIdentity(strategy, seed, config.fingerprint_json())
+        self.joint = strategy == JOINT
+        task_labels = stream.scenario == "task"
+        # joint: one training run on the union of every experience's data.
+        train = [concat_datasets(list(stream.train))] if self.joint else stream.train
+        self.train_experiences = _experiences(train, "train", task_labels)
+        self.eval_experiences = _experiences(stream.eval_datasets(config.eval_split), config.eval_split, task_labels)
         seed_everything(seed)
         self.model = self.new_model()
-        optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr,
-                                     weight_decay=config.weight_decay)
+        optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         self.plugins = build_plugins(strategy, config, stream, seed)
         distiller = self.plugins.get("streamkl", self.plugins.get("pad"))
-        self.progress = ProgressPlugin(f"{strategy} seed {seed}", stream.n_experiences,
-                                       penalty_source=distiller,
-                                       enabled=show_progress)
+        self.progress = ProgressPlugin(f"{strategy} seed {seed}", len(self.train_experiences),
+                                       penalty_source=distiller, enabled=show_progress)
+        self.loggers = list(loggers)
+        evaluator = {"evaluator": build_evaluator(self.loggers, penalty="streamkl" in self.plugins)} if self.loggers else {}
         self.template = AmpSupervisedTemplate(
             model=self.model, optimizer=optimizer, criterion=nn.CrossEntropyLoss(),
             train_mb_size=config.batch_size, train_epochs=config.epochs,
             eval_mb_size=config.eval_batch_size, device=device, amp=config.amp,
-            plugins=[*self.plugins.values(), self.progress],
+            plugins=[*self.plugins.values(), self.progress], **evaluator,
         )
         self.clock = next(p for p in self.template.plugins if isinstance(p, Clock))
 
     def new_model(self) -> nn.Module:
-        cfg = self.config
-        return build_model(
-            cfg.model, image_size=cfg.image_size, patch_size=cfg.patch_size,
-            in_chans=self.stream.in_chans, num_classes=self.stream.num_classes,
-            model_kwargs=cfg.model_kwargs, pretrained_file=cfg.pretrained_file,
-            head_sizes=self.stream.head_sizes,
-        ).to(self.device)
+        return build_run_model(self.config, self.stream, self.device)
 
-    def state(self, result: RunResult, experiences_done: int) -> dict[str, Any]:
+    def state(self, result: RunResult, steps_done: int) -> dict[str, Any]:
         scaler = self.template.scaler
         return {
-            "strategy": self.strategy, "seed": self.seed,
-            "experiences_done": experiences_done,
-            "finished": experiences_done == self.stream.n_experiences,
+            "experiences_done": steps_done,
+            "finished": steps_done == len(self.train_experiences),
             "model": self.model.state_dict(),
             "optimizer": self.template.optimizer.state_dict(),
             "scaler": None if scaler is None else scaler.state_dict(),
@@ -150,10 +165,7 @@ class _Run:
         }
 
     def restore(self, state: dict[str, Any]) -> tuple[RunResult, int]:
-        """Load a checkpoint into this freshly built run; returns (result so far, next experience)."""
-        if state["strategy"] != self.strategy or state["seed"] != self.seed:
-            raise ValueError(f"checkpoint is for {state['strategy']} seed {state['seed']}, "
-                             f"not {self.strategy} seed {self.seed}")
+        """Load a verified checkpoint into this freshly built run; returns (result so far, next step)."""
         self.model.load_state_dict(state["model"])
         self.template.optimizer.load_state_dict(state["optimizer"])
         # Avalanche resets the optimizer state on a strategy's first experience unless it
@@ -170,36 +182,68 @@ class _Run:
         set_rng_state(state["rng"])
         return result, int(state["experiences_done"])
 
-    def train(self, result: RunResult, first_experience: int, ckpt: Path, eval_sets: list,
-              log: Log | None) -> RunResult:
+    def _report_to_loggers(self) -> None:
+        """Avalanche's evaluation of every experience, for the loggers; the run's random numbers are untouched."""
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            self.template.eval(self.eval_experiences)
+
+    def _warn_unlearned(self, row: list[float], experiences: Sequence[int], warn: Log | None) -> None:
+        for j in experiences:
+            chance = chance_accuracy(self.stream, j)
+            if warn is not None and row[j] < LEARNED_OVER_CHANCE * chance:
+                warn(f"{self.strategy} seed {self.seed} did not learn experience {j + 1}: {100 * row[j]:.1f} % "
+                     f"accuracy right after training it, chance is {100 * chance:.1f} %; forgetting means little "
+                     f"here (train longer with --epochs, or change --lr)")
+
+    def train(self, result: RunResult, first_step: int, ckpt: Path, eval_sets: list, log: Log | None,
+              warn: Log | None) -> RunResult:
         n = self.stream.n_experiences
-        for exp_id in range(first_experience, n):
-            start = time.perf_counter()
-            # Every strategy starts each experience with fresh Adam moments, so no optimizer
-            # statistics of earlier classes carry over (the same for all strategies).
-            experience = DatasetExperience(dataset=self.stream.train[exp_id], current_experience=exp_id)
-            if self.stream.scenario == "task":
-                # Avalanche's forward passes the minibatch's task labels to the model only
-                # for experiences that declare theirs.
-                experience = with_task_labels(experience)
-            self.template.train(experience, eval_streams=[], reset_optimizer_state=True)
-            scenario = self.stream.scenario
-            row, task_row = accuracy_per_experience(
-                self.model, eval_sets, batch_size=self.config.eval_batch_size, device=self.device,
-                amp=self.config.amp, task_heads=scenario == "task",
-                class_sets=self.stream.experience_classes if scenario == "class" else None)
-            result.accuracy_matrix.append(row)
+        steps = len(self.train_experiences)
+        scenario = self.stream.scenario
+        for step in range(first_step, steps):
+            with PeakMemory(self.device) as memory:
+                start = time.perf_counter()
+                # Every strategy starts each experience with fresh Adam moments, so no optimizer
+                # statistics of earlier classes carry over (the same for all strategies).
+                self.template.train(self.train_experiences[step], eval_streams=[], reset_optimizer_state=True)
+                row, task_row = accuracy_per_experience(
+                    self.model, eval_sets, batch_size=self.config.eval_batch_size, device=self.device,
+                    amp=self.config.amp, task_heads=scenario == "task",
+                    class_sets=self.stream.experience_classes if scenario == "class" else None)
+                result.wall_time_s += time.perf_counter() - start
+            result.peak_memory_mb = max(result.peak_memory_mb, memory.peak_mb)
+            trained = range(n) if self.joint else [step]
+            result.accuracy_matrix += [row] * len(trained)
             if task_row:
-                result.task_il_matrix.append(task_row)
+                result.task_il_matrix += [task_row] * len(trained)
             result.penalties = list(self.progress.penalties)
-            result.wall_time_s += time.perf_counter() - start
-            result.peak_memory_mb = max(result.peak_memory_mb, _peak_memory_mb(self.device))
-            save_checkpoint(ckpt, self.state(result, exp_id + 1))
+            if self.loggers:
+                self._report_to_loggers()
+            save_checkpoint(ckpt, self.state(result, step + 1), self.identity)
             if log is not None:
-                seen = sum(row[: exp_id + 1]) / (exp_id + 1)
-                log(f"{self.strategy:>16} seed {self.seed}  exp {exp_id + 1}/{n}  "
-                    f"avg acc {seen:.3f}  ({result.wall_time_s:.1f} s)")
+                done = len(result.accuracy_matrix)
+                seen = sum(row[:done]) / done
+                label = f"all {n} exps" if self.joint else f"exp {step + 1}/{n}"
+                log(f"{self.strategy:>16} seed {self.seed}  {label}  avg acc {seen:.3f}  ({result.wall_time_s:.1f} s)")
+            self._warn_unlearned(row, trained, warn)
         return result
+
+
+def _finished_results(config: ExperimentConfig, out_dir: Path) -> dict[tuple[str, int], RunResult | None]:
+    """Every checkpoint of ``out_dir`` verified before anything trains: (strategy, seed) → result if finished.
+
+    Raises:
+        CheckpointError: a checkpoint is unreadable, damaged, or of another run.
+    """
+    found: dict[tuple[str, int], RunResult | None] = {}
+    fingerprint = config.fingerprint_json()
+    for seed in config.seeds:
+        for strategy in config.strategies:
+            ckpt = checkpoint_path(out_dir, strategy, seed)
+            if ckpt.exists():
+                state = load_checkpoint(ckpt, RunIdentity(strategy, seed, fingerprint))
+                found[(strategy, seed)] = RunResult(**state["result"]) if state["finished"] else None
+    return found
 
 
 def run_experiment(
@@ -209,14 +253,17 @@ def run_experiment(
     resume: bool = False,
     show_progress: bool = True,
     log: Log | None = None,
+    warn: Log | None = None,
     splits: LabeledSplits | None = None,
+    loggers: Sequence[str] = (),
 ) -> list[RunResult]:
     """Train every strategy on every seed of a continual stream (``config.scenario``).
 
     After each experience the run's checkpoint ``out_dir/checkpoints/<strategy>-seed<s>.pt``
-    is replaced atomically. With ``resume=True`` finished runs are read back from their
-    checkpoints and unfinished ones continue after their last complete experience,
-    giving the same results as an uninterrupted run.
+    is replaced atomically. With ``resume=True`` every checkpoint is verified first
+    (checksum, strategy, seed, configuration); then finished runs are read back and
+    unfinished ones continue after their last complete experience, giving the same
+    results as an uninterrupted run.
 
     Args:
         config: resolved configuration (see :meth:`ExperimentConfig.resolved`).
@@ -224,37 +271,41 @@ def run_experiment(
         resume: continue from checkpoints found in ``out_dir``.
         show_progress: show tqdm bars while training.
         log: called with one line per finished experience (the CLI prints them).
-        splits: already loaded data (otherwise loaded from ``config``).
+        warn: called with one line for each experience not learned (accuracy right
+            after training it below 1.5 × chance, :func:`chance_accuracy`).
+        splits: data checked and loaded by
+            :func:`~cl_streamkl.experiment.preflight.check_experiment` (run here when None).
+        loggers: Avalanche loggers to feed (see :mod:`cl_streamkl.experiment.loggers`).
 
     Returns:
         One :class:`RunResult` per (seed, strategy), seeds outermost.
+
+    Raises:
+        ValueError: a check of :func:`~cl_streamkl.experiment.preflight.check_experiment` failed.
+        CheckpointError: a checkpoint to resume from is unusable.
+        OutputWriteError: a checkpoint cannot be written (the previous one is kept).
     """
     out_dir = Path(out_dir)
-    device = resolve_device(config.device)
     if splits is None:
-        splits = load_splits(config.dataset, data_root=config.data_root, image_size=config.image_size,
-                             download=config.download, in_chans=config.in_chans,
-                             split_seed=config.split_seed)
+        splits = check_experiment(config, loggers)
+    device = resolve_device(config.device)
+    finished = _finished_results(config, out_dir) if resume else {}
     results = []
     for seed in config.seeds:
-        stream = build_stream(
-            splits, n_experiences=config.n_experiences, seed=seed, val_fraction=config.val_fraction,
-            split_seed=config.split_seed, scenario=config.scenario,
-            first_experience_classes=config.first_experience_classes, image_size=config.image_size,
-            domain_shift=config.domain_shift, rotation_step=config.rotation_step,
-        )
+        stream = build_run_stream(config, splits, seed)
         eval_sets = stream.eval_datasets(config.eval_split)
         for strategy in config.strategies:
-            ckpt = checkpoint_path(out_dir, strategy, seed)
-            state = load_checkpoint(ckpt) if resume and ckpt.is_file() else None
-            if state is not None and state["finished"]:
-                results.append(RunResult(**state["result"]))
+            if finished.get((strategy, seed)) is not None:
+                results.append(finished[(strategy, seed)])
                 continue
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            run = _Run(config, stream, strategy, seed, device, show_progress)
-            result, first = RunResult(strategy, seed, list(stream.class_order), []), 0
-            if state is not None:
-                result, first = run.restore(state)
-            results.append(run.train(result, first, ckpt, eval_sets, log))
+            ckpt = checkpoint_path(out_dir, strategy, seed)
+            run_loggers = build_loggers(loggers, out_dir, strategy, seed, config, resume=(strategy, seed) in finished)
+            try:
+                run = _Run(config, stream, strategy, seed, device, show_progress, run_loggers)
+                result, first = RunResult(strategy, seed, list(stream.class_order), []), 0
+                if (strategy, seed) in finished:
+                    result, first = run.restore(load_checkpoint(ckpt, run.identity))
+                results.append(run.train(result, first, ckpt, eval_sets, log, warn))
+            finally:
+                close_loggers(run_loggers)
     return results

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cl_streamkl.experiment.runner import RunResult
 from cl_streamkl.experiment.statistics import mean_std
+
+if TYPE_CHECKING:
+    from cl_streamkl.experiment.runner import RunResult
 
 SCALAR_METRICS = ("final_average_accuracy", "average_forgetting", "backward_transfer", "learning_accuracy",
                   "final_task_il_accuracy")

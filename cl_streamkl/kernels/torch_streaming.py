@@ -10,9 +10,8 @@ Runs on any device PyTorch supports.
 from __future__ import annotations
 
 import torch
-from torch.autograd.function import once_differentiable
 
-from cl_streamkl.kernels.validation import AttentionKLProblem
+from cl_streamkl.kernels.validation import AttentionKLProblem, refuse_double_backward
 
 DEFAULT_CHUNK_SIZE = 256
 
@@ -151,8 +150,8 @@ class _StreamingAttentionKL(torch.autograd.Function):
         return row_kl
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_rows):
+        refuse_double_backward()
         q, k, q_teacher, k_teacher, lse_student, lse_teacher, row_kl = ctx.saved_tensors
         teacher_grad = ctx.needs_input_grad[2] or ctx.needs_input_grad[3]
         grad_q, grad_k, grad_q_teacher, grad_k_teacher = streaming_backward(

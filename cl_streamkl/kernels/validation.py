@@ -18,6 +18,10 @@ SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 REDUCTIONS = ("none", "sum", "mean", "batchmean")
 BACKENDS = ("auto", "triton", "torch")
 MAX_HEAD_DIM = 256
+# Scores are formed in float32 (and multiplied by log2(e) < 2 in the Triton kernels), so an
+# effective scale (scale / temperature) up to 2**64 keeps every score finite for |q·k| < 2**63;
+# beyond it ordinary inputs overflow to inf and whole rows come back NaN.
+MAX_EFFECTIVE_SCALE = 2.0**64
 _TENSOR_NAMES = ("q", "k", "q_teacher", "k_teacher")
 
 
@@ -180,10 +184,37 @@ def check_inputs(
         n_k=k.size(2),
         d_student=d_student,
         d_teacher=d_teacher,
-        student_scale=student_scale / float(temperature),
-        teacher_scale=teacher_scale_value / float(temperature),
+        student_scale=_check_effective_scale("scale", student_scale, float(temperature)),
+        teacher_scale=_check_effective_scale("teacher_scale", teacher_scale_value, float(temperature)),
         causal=causal,
     )
+
+
+def _check_effective_scale(name: str, scale: float, temperature: float) -> float:
+    effective = scale / temperature
+    if not effective <= MAX_EFFECTIVE_SCALE:
+        raise ValueError(
+            f"{name} / temperature = {scale:g} / {temperature:g} = {effective:g} exceeds {MAX_EFFECTIVE_SCALE:g}: "
+            "the float32 attention scores would overflow and the KL rows would be NaN"
+        )
+    return effective
+
+
+def refuse_double_backward() -> None:
+    """Raise when a backward runs with ``create_graph=True`` (its result would be differentiated).
+
+    The backward formulas run as fused kernels or chunked loops that autograd does not
+    record, so a second derivative through them would silently lack every term they
+    contribute.
+
+    Raises:
+        RuntimeError: grad mode is enabled inside the backward.
+    """
+    if torch.is_grad_enabled():
+        raise RuntimeError(
+            "attention_kl supports no double backward: its gradient cannot be differentiated again "
+            "(create_graph=True, Hessian-vector products, gradient penalties through it)"
+        )
 
 
 def _per_problem_scales(name: str, value: object, count: int) -> list[float | None]:

@@ -31,11 +31,12 @@ from torch import nn
 from cl_streamkl.attention_kl import attention_kl, attention_kl_grouped
 from cl_streamkl.capture import CompiledQK, LayerSpec, QKCapture, TeacherQK
 from cl_streamkl.capture.compiled import check_compile_options
-from cl_streamkl.capture.layers import check_layer_spec
+from cl_streamkl.capture.layers import check_layer_spec, find_attention_modules
 from cl_streamkl.kernels.validation import check_options
 from cl_streamkl.strategies.teacher import frozen_copy, named_tensors, restore_frozen_copy
 
 __all__ = ["AttentionDistiller"]
+
 
 def _check_alpha(alpha: object) -> float:
     if isinstance(alpha, bool) or not isinstance(alpha, Real):
@@ -44,6 +45,16 @@ def _check_alpha(alpha: object) -> float:
     if not math.isfinite(alpha) or alpha < 0.0:
         raise ValueError(f"alpha must be a finite number >= 0, got {alpha}")
     return alpha
+
+
+def attention_heads(model: nn.Module) -> list[int | None]:
+    """Heads of each block's attention module (``None`` where the module has no ``num_heads``).
+
+    Q/K projections of the same shape split into another number of heads give other
+    attention maps, so a saved teacher is only restored into a model with these counts.
+    """
+    heads = [getattr(module, "num_heads", None) for module in find_attention_modules(model)]
+    return [head if isinstance(head, int) and not isinstance(head, bool) else None for head in heads]
 
 
 class AttentionDistiller:
@@ -93,6 +104,8 @@ class AttentionDistiller:
         self._teacher: nn.Module | None = None
         self._compiled_teacher: CompiledQK | None = None
         self._pending_teacher: dict[str, torch.Tensor] | None = None
+        # Attention heads per block of the model the teacher was taken from.
+        self._teacher_heads: list[int | None] | None = None
 
     @property
     def teacher(self) -> nn.Module | None:
@@ -127,6 +140,7 @@ class AttentionDistiller:
         self._set_teacher(None)
         self._pending_teacher = None
         self._set_teacher(frozen_copy(model))
+        self._teacher_heads = attention_heads(model)
         self.teacher_updates += 1
         return self._teacher
 
@@ -256,12 +270,21 @@ class AttentionDistiller:
 
         Raises:
             TypeError / ValueError: as :meth:`validate`, or the saved teacher's tensor
-                names, shapes or dtypes do not match ``model``.
+                names, shapes or dtypes, or its attention heads per block, do not match
+                ``model``.
         """
         self.validate(model)
         if self._pending_teacher is None:
             return
-        self._set_teacher(restore_frozen_copy(model, self._pending_teacher))
+        teacher = restore_frozen_copy(model, self._pending_teacher)
+        heads, saved = attention_heads(model), self._teacher_heads
+        if saved is not None and (len(saved) != len(heads) or any(
+                a is not None and b is not None and a != b for a, b in zip(saved, heads))):
+            raise ValueError(
+                f"the saved teacher comes from a model with {saved} attention heads per block but this model has "
+                f"{heads}: its queries and keys would be split into other heads; restore it into the same architecture"
+            )
+        self._set_teacher(teacher)
         self._pending_teacher = None
 
     def _config(self) -> dict[str, Any]:
@@ -273,7 +296,7 @@ class AttentionDistiller:
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """Configuration, counters and the teacher's parameters and buffers.
+        """Configuration, counters, the teacher's parameters and buffers and its heads per block.
 
         Only plain containers, numbers, strings and tensors, so
         ``torch.load(path, weights_only=True)`` reads it back. Tensors are shared with
@@ -290,6 +313,7 @@ class AttentionDistiller:
             "config": self._config(),
             "teacher_updates": self.teacher_updates,
             "teacher": teacher_tensors,
+            "teacher_heads": None if teacher_tensors is None else self._teacher_heads,
         }
 
     def load_state_dict(self, state: dict[str, Any], model: nn.Module | None = None) -> None:
@@ -320,6 +344,9 @@ class AttentionDistiller:
         self.teacher_updates = int(state["teacher_updates"])
         self._set_teacher(None)
         self._pending_teacher = dict(teacher) if teacher is not None else None
+        # States written before head counts were recorded restore without this check.
+        heads = state.get("teacher_heads")
+        self._teacher_heads = None if heads is None else [None if h is None else int(h) for h in heads]
         if model is not None:
             self.attach(model)
 

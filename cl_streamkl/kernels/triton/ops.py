@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from torch.autograd.function import once_differentiable
 
 from cl_streamkl.kernels.triton.launch import (
     empty_gradient_for,
@@ -21,7 +20,7 @@ from cl_streamkl.kernels.triton.launch import (
     launch_grouped_backward,
     launch_grouped_forward,
 )
-from cl_streamkl.kernels.validation import AttentionKLProblem
+from cl_streamkl.kernels.validation import AttentionKLProblem, refuse_double_backward
 
 
 @torch.library.custom_op("cl_streamkl::attention_kl_fwd", mutates_args=())
@@ -221,8 +220,8 @@ class _AttentionKLFunction(torch.autograd.Function):
         return outputs[0]
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_rows):
+        refuse_double_backward()
         return *_gradients(ctx, grad_rows, launch_backward, grouped=False), None, None, None
 
 
@@ -239,8 +238,8 @@ class _GroupedAttentionKLFunction(torch.autograd.Function):
         return outputs[0]
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_rows):
+        refuse_double_backward()
         grads = _per_problem(ctx, _gradients(ctx, grad_rows, launch_grouped_backward, grouped=True))
         return None, None, None, *(grad for problem in zip(*grads) for grad in problem)
 

@@ -1,0 +1,115 @@
+"""Every check of an experiment that needs no training, run before anything is written or trained.
+
+A configuration that cannot run should fail in seconds with one clear message, not after
+an hour of training, and not after its output folder was claimed (a folder holding a
+``config.json`` refuses a new run). :func:`check_experiment` therefore loads the data,
+builds the stream and a model, and runs one forward of two images through every
+attention distillation the strategies use, with the configured backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from cl_streamkl.data.registry import build_stream, load_splits
+from cl_streamkl.data.stream import ExperienceStream, LabeledSplits
+from cl_streamkl.experiment.config import ExperimentConfig
+from cl_streamkl.experiment.model import build_model
+from cl_streamkl.experiment.template import autocast
+
+
+def resolve_device(device: str) -> torch.device:
+    """``"auto"`` → CUDA when available, else CPU; ``"cuda"`` without a GPU is an error."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but torch.cuda.is_available() is False")
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"device must be auto, cpu or cuda; got {device!r}")
+    return torch.device(device)
+
+
+def build_run_stream(config: ExperimentConfig, splits: LabeledSplits, seed: int) -> ExperienceStream:
+    """The stream one seed trains on (class order and domain order depend on the seed)."""
+    return build_stream(
+        splits, n_experiences=config.n_experiences, seed=seed, val_fraction=config.val_fraction,
+        split_seed=config.split_seed, scenario=config.scenario,
+        first_experience_classes=config.first_experience_classes, image_size=config.image_size,
+        domain_shift=config.domain_shift, rotation_step=config.rotation_step,
+    )
+
+
+def build_run_model(config: ExperimentConfig, stream: ExperienceStream, device: torch.device) -> nn.Module:
+    """A freshly initialised model for ``stream`` (one head per experience in ``task``)."""
+    return build_model(
+        config.model, image_size=config.image_size, patch_size=config.patch_size, in_chans=stream.in_chans,
+        num_classes=stream.num_classes, model_kwargs=config.model_kwargs, pretrained_file=config.pretrained_file,
+        head_sizes=stream.head_sizes,
+    ).to(device)
+
+
+def _forward(model: nn.Module, images: torch.Tensor, scenario: str) -> torch.Tensor:
+    return model(images, 0) if scenario == "task" else model(images)
+
+
+def _check_distillation(strategy: str, name: str, plugin: object, model: nn.Module, images: torch.Tensor,
+                        config: ExperimentConfig, device: torch.device) -> None:
+    """Capture the model's Q/K as the plugin will and compute its penalty once (student as teacher)."""
+    distiller = plugin.distiller
+    try:
+        plugin.check_model(model)
+        with torch.no_grad(), autocast(device, config.amp):
+            with distiller.student_capture(model) as capture:
+                _forward(model, images, config.scenario)
+            problems = [(q, k, q, k, scale, scale) for (q, k), scale in zip(capture.qk, capture.scales)]
+            distiller.layer_penalties(problems)
+    except (ImportError, RuntimeError, TypeError, ValueError) as err:
+        raise ValueError(f"strategy {strategy!r}: {name} cannot distil {config.model}: {err}") from err
+
+
+def check_experiment(config: ExperimentConfig, loggers: Sequence[str] = ()) -> LabeledSplits:
+    """Run every check that needs no training; return the loaded data for the run.
+
+    In order: the loggers are available, the device exists, the data loads, the stream
+    splits (experiences the classes divide into, the first experience's classes, enough
+    samples per domain), the model builds, a forward under the configured precision
+    runs, and for each attention distillation (``streamkl``, ``pad``) the selected layers
+    exist, their attention scores can be read, and the penalty computes with the
+    configured backend, temperature and scale.
+
+    Args:
+        config: resolved configuration.
+        loggers: names given to ``--log``.
+
+    Returns:
+        The dataset's splits (pass them to :func:`~cl_streamkl.experiment.runner.run_experiment`).
+
+    Raises:
+        ValueError: the first check that fails, in one line.
+    """
+    from cl_streamkl.experiment.loggers import check_loggers
+    from cl_streamkl.experiment.strategy_plugins import build_plugins
+    from cl_streamkl.strategies.plugin import AttentionDistillationPlugin
+
+    check_loggers(loggers)
+    device = resolve_device(config.device)
+    splits = load_splits(config.dataset, data_root=config.data_root, image_size=config.image_size,
+                         download=config.download, in_chans=config.in_chans, split_seed=config.split_seed)
+    stream = build_run_stream(config, splits, config.seeds[0])
+    model = build_run_model(config, stream, device)
+    model.eval()
+    train = stream.train[0]
+    images = torch.stack([train[i][0] for i in range(min(2, len(train)))]).to(device)
+    try:
+        with torch.no_grad(), autocast(device, config.amp):
+            _forward(model, images, config.scenario)
+    except RuntimeError as err:
+        raise ValueError(f"{config.model} cannot run on {device} with --amp {config.amp}: {err}") from err
+    for strategy in config.strategies:
+        for name, plugin in build_plugins(strategy, config, stream, config.seeds[0]).items():
+            if isinstance(plugin, AttentionDistillationPlugin):
+                _check_distillation(strategy, name, plugin, model, images, config, device)
+    return splits

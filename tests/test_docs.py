@@ -1,0 +1,69 @@
+"""What the documents promise: every CLI option in README, CPU wheels, the field's names, license, citation."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+import yaml
+
+from cl_streamkl import __version__
+from cl_streamkl.cli import _parsers
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+# The MD5 of the Apache License 2.0 as https://www.apache.org/licenses/LICENSE-2.0.txt serves it.
+APACHE_2_MD5 = "3b83ef96387f14655fc854ddc3c6bd57"
+
+
+def _section(title: str) -> str:
+    start = README.index(f"## {title}")
+    end = README.find("\n## ", start + 1)
+    return README[start:end]
+
+
+def _pyproject(key: str) -> str:
+    return re.search(rf"^{key} = (.+)$", (ROOT / "pyproject.toml").read_text(), re.MULTILINE).group(1)
+
+
+def _run_help() -> str:
+    return _parsers(None)[1].format_help()
+
+
+def _run_options() -> set[str]:
+    run = _parsers(None)[1]
+    return {option for action in run._actions for option in action.option_strings
+            if option.startswith("--")} - {"--help"}
+
+
+def test_readme_cli_section_names_every_option():
+    section = _section("The experiment CLI")
+    missing = sorted(option for option in _run_options() if f"`{option}" not in section)
+    assert missing == []
+
+
+def test_readme_says_how_to_get_cpu_wheels():
+    setup = _section("Set up")
+    assert "--index-url https://download.pytorch.org/whl/cpu" in setup
+    # The two set-up commands stay as they were.
+    assert setup.count("pip install torch==2.14.1 torchvision==0.29.1 && pip install -e") == 2
+
+
+def test_the_fields_names_for_accuracies():
+    section = _section("The experiment CLI")
+    for text in (section, _run_help()):
+        assert "Class-IL" in text and "Task-IL" in text and "task-aware" not in text.lower()
+
+
+def test_license_is_the_apache_2_text_pyproject_names():
+    assert hashlib.md5((ROOT / "LICENSE").read_bytes()).hexdigest() == APACHE_2_MD5
+    assert _pyproject("license") == '{ text = "Apache-2.0" }'
+
+
+def test_citation_file_is_valid_and_current():
+    citation = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    assert citation["cff-version"] == "1.2.0" and citation["type"] == "software"
+    assert citation["version"] == __version__ == _pyproject("version").strip('"')
+    assert citation["license"] == "Apache-2.0"
+    assert citation["title"].startswith("cl-streamkl") and citation["authors"] and citation["message"]
