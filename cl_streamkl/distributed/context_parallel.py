@@ -24,7 +24,6 @@ from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
-from torch.autograd.function import once_differentiable
 
 from cl_streamkl.attention_kl import _resolve_backend
 from cl_streamkl.kernels.torch_streaming import DEFAULT_CHUNK_SIZE, streaming_backward, streaming_forward
@@ -34,6 +33,7 @@ from cl_streamkl.kernels.validation import (
     AttentionKLProblem,
     check_inputs,
     reduce_rows,
+    refuse_double_backward,
 )
 
 _LN_2 = math.log(2.0)
@@ -230,8 +230,8 @@ class _KeyShardedAttentionKL(torch.autograd.Function):
         return row_kl
 
     @staticmethod
-    @once_differentiable
     def backward(ctx, grad_rows):
+        refuse_double_backward()
         q, k, q_teacher, k_teacher, lse_student, lse_teacher, row_kl = ctx.saved_tensors
         grad_q, grad_k, grad_q_teacher, grad_k_teacher = _shard_gradients(
             ctx.backend, grad_rows, q, k, q_teacher, k_teacher, lse_student if row_kl is None else row_kl,
