@@ -165,7 +165,7 @@ def test_grouped_kernels_take_the_variants(device):
 
 
 def test_defaults_environment_and_context():
-    assert KernelVariant() == KernelVariant("hardware", "hardware", False)
+    assert KernelVariant() == KernelVariant("hardware", "hardware", True)
     assert kernel_variant() == KernelVariant.from_environment()
     before = kernel_variant()
     with use_kernel_variant(backward_exp2="poly5-quarter") as inside:
@@ -175,6 +175,14 @@ def test_defaults_environment_and_context():
         KernelVariant(forward_exp2="poly4")
     with pytest.raises(TypeError, match="grad_after_dot must be a bool"):
         KernelVariant(grad_after_dot=1)
+
+
+def test_grad_after_dot_is_the_default_and_can_be_turned_off(monkeypatch):
+    for name in ("CL_STREAMKL_FORWARD_EXP2", "CL_STREAMKL_BACKWARD_EXP2", "CL_STREAMKL_GRAD_AFTER_DOT"):
+        monkeypatch.delenv(name, raising=False)
+    assert KernelVariant.from_environment() == KernelVariant("hardware", "hardware", True) == KernelVariant()
+    monkeypatch.setenv("CL_STREAMKL_GRAD_AFTER_DOT", "0")
+    assert KernelVariant.from_environment().grad_after_dot is False
 
 
 def test_environment_selects_variants(monkeypatch):
