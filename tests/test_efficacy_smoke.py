@@ -32,6 +32,10 @@ def test_efficacy_study_tiny(tmp_path, monkeypatch, capsys):
     assert all(e["n"] == 2 for e in part["paired"])
     printed = capsys.readouterr().out
     assert "### domain-incremental (5 tokens" in printed and "| streamkl − naive |" in printed
+    assert efficacy.main(["--tables", str(report_path), str(report_path)]) == 0
+    tables = capsys.readouterr().out
+    assert "**domain-incremental**" in tables and "| strategy | acc, 5 tok. |" in tables
+    assert tables.count("| streamkl − naive |") == 1 and "forgetting, 5 tok." in tables
     # a second start finds every unit done and trains nothing
     units = sorted((tmp_path / "runs" / "units").iterdir())
     stamps = [u.stat().st_mtime_ns for u in units]
