@@ -1,5 +1,7 @@
 """Data-parallel `cl-streamkl run`: two gloo processes under torchrun against one process, resume, silence.
 
+Also the smoke path of benchmarks/ddp_throughput.py (its own torchrun launches, 1 and 2 ranks).
+
 Three torchrun launches of two processes on the CPU (each costs seconds of imports), run once
 per module: an uninterrupted run, a run stopped (SIGTERM to torchrun) once its second strategy
 has checkpointed an experience, and that run resumed. One process with the same global batch
@@ -377,3 +379,19 @@ def test_lwf_copies_the_module_inside_a_ddp_wrapper(process_group_of_one):
                                               experience=benchmark.train_stream[0]))
     assert type(plugin.lwf.prev_model) is type(model)
     assert plugin.lwf.prev_classes_by_task == {0: {0, 1, 2, 3}}
+
+
+# ---------------------------------------------------------------- the GPU throughput script
+
+
+def test_ddp_throughput_script_smoke_run_on_the_cpu(tmp_path, torchrun_environment):
+    out = tmp_path / "ddp_throughput.json"
+    result = subprocess.run([sys.executable, "benchmarks/ddp_throughput.py", "--smoke", "--json", str(out)],
+                            cwd=REPOSITORY, env=torchrun_environment, capture_output=True, text=True,
+                            timeout=2 * RUN_DEADLINE_S)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert [row["gpus"] for row in report["rows"]] == [1, 2] and report["tokens"] == 5
+    assert report["rows"][0]["scaling"] == 1.0 and all(row["images_per_s"] > 0 for row in report["rows"])
+    assert report["rows"][1]["images_per_s"] == pytest.approx(2 * 2 / report["rows"][1]["step_ms"] * 1e3)
+    assert result.stdout.rstrip().splitlines()[-1].split()[:2] == ["2", "2"]  # the table comes last
