@@ -289,20 +289,24 @@ def _run_processes(args: argparse.Namespace, config: ExperimentConfig, resume: b
                      else f"cl-streamkl run --resume {out_dir}")
     if main_rank:
         processes = f", {world_size} processes" if world_size > 1 else ""
-        print(f"cl-streamkl run: {config.dataset} ({config.scenario}-incremental), {config.model} ({config.image_size}px, patch {config.patch_size}), "
-              f"strategies {', '.join(config.strategies)}, seeds {config.seeds}, eval on {config.eval_split}{processes} -> {out_dir}")
+        print(f"cl-streamkl run: {config.dataset} ({config.scenario}-incremental), {config.model} "
+              f"({config.image_size}px, patch {config.patch_size}), strategies {', '.join(config.strategies)}, "
+              f"seeds {config.seeds}, eval on {config.eval_split}{processes} -> {out_dir}")
     # Everything that needs no training is checked before the folder is claimed. Rank 0
     # goes first: it alone downloads missing data.
     with data_parallel.main_first():
         splits = check_experiment(config, args.log, data_parallel)
     if main_rank and not resume:
         write_config(out_dir, config)
-    env = environment(world_size)  # the code and libraries the run starts with
+    env = environment(world_size) if main_rank else None  # the code and libraries the run starts with
+
+    def warn(message: str) -> None:
+        tqdm.write(f"cl-streamkl: warning: {message}", file=sys.stderr)
+
     try:
         results = run_experiment(
             config, out_dir, resume=resume, show_progress=main_rank and not args.no_progress,
-            log=tqdm.write if main_rank else None,
-            warn=(lambda message: tqdm.write(f"cl-streamkl: warning: {message}", file=sys.stderr)) if main_rank else None,
+            log=tqdm.write if main_rank else None, warn=warn if main_rank else None,
             splits=splits, loggers=args.log, data_parallel=data_parallel)
         if not main_rank:
             return 0

@@ -203,11 +203,12 @@ def start_data_parallel(device: str, timeout_s: float = DIST_TIMEOUT_S,
                 "or train on the CPU with --device cpu")
         chosen = torch.device("cuda", local_rank)
         torch.cuda.set_device(chosen)
-        backend = "nccl"
+        # Bound to its GPU, NCCL connects the ranks now rather than at the first collective.
+        options: dict[str, Any] = {"backend": "nccl", "device_id": chosen}
     else:
-        backend = "gloo"
-    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=timeout_s))
+        options = {"backend": "gloo"}
+    dist.init_process_group(init_method="env://", rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=timeout_s), **options)
     return DataParallel(rank=rank, local_rank=local_rank, world_size=world_size, device=chosen)
 
 

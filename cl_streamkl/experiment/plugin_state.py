@@ -86,7 +86,8 @@ def load_plugin_state(
             target.clear()
             for t, params in state[field].items():
                 target[int(t)] = {
-                    parameter_prefix + k: ParamData(parameter_prefix + k, init_tensor=v.to(device, copy=True), device=device)
+                    parameter_prefix + k: ParamData(parameter_prefix + k, init_tensor=v.to(device, copy=True),
+                                                    device=device)
                     for k, v in params.items()}
     elif isinstance(plugin, ReplayPlugin):
         plugin.storage_policy.load_state_dict(state)

@@ -1,4 +1,4 @@
-"""The Avalanche training template every strategy runs on: SupervisedTemplate plus mixed precision and data parallelism."""
+"""The Avalanche training template every strategy runs on: SupervisedTemplate, mixed precision, data parallelism."""
 
 from __future__ import annotations
 

@@ -124,7 +124,7 @@ class AttentionDistiller:
         return self._pending_teacher is not None
 
     def validate(self, model: nn.Module) -> list[int]:
-        """Check that ``model`` (or the module a data-parallel wrapper holds) can be distilled; return the block indices.
+        """Check that ``model`` (or the module in its data-parallel wrapper) can be distilled; return the block indices.
 
         Raises:
             TypeError: ``model`` has no capturable attention.
