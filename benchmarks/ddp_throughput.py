@@ -1,15 +1,8 @@
 """Data-parallel training throughput with StreamKL distillation: ViT-B/16 at 1025 tokens on 1 and 2 GPUs.
 
-Every rank trains timm's vit_base_patch16_224 at 512 px (1024 patches and the class token),
-randomly initialised and wrapped in DistributedDataParallel, on random images kept in GPU
-memory, at a fixed batch per GPU (16), under bf16 autocast with AdamW. A step does the
-StreamKL plugin's work: the frozen teacher's Q/K (``AttentionDistiller.teacher_qk``), the
-student's forward through DDP with its Q/K captured, the penalty over all 12 blocks, the
-backward (DDP all-reduces the gradients while it runs) and the optimizer step. After warm-up
-steps (Triton's autotuning included) each timed step ends with a device synchronize; the
-slowest rank's median step time gives the throughput, GPUs × batch / step, in images per
-second. Peak memory is per GPU (the largest rank's). The scaling is each world size's
-throughput over one GPU's; two GPUs should reach 1.85×.
+Images per second and peak memory per GPU for each world size, and the scaling over one GPU
+(two GPUs: target 1.85×), of DDP training steps doing the StreamKL plugin's work; the set-up:
+BENCHMARKS.md (Method, Several GPUs).
 
 Usage, from the repository root (one GPU per rank; torchrun's standalone rendezvous on this
 host, no network):
