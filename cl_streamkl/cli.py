@@ -2,6 +2,9 @@
 
 Only light modules are imported here, so ``--help`` and argument errors answer at once;
 Avalanche, timm and matplotlib are imported when a run starts.
+
+Started by torchrun (``torchrun --nproc_per_node N -m cl_streamkl run ...``), every process
+runs this command: the run is data-parallel, and rank 0 alone prints and writes files.
 """
 
 from __future__ import annotations
@@ -9,18 +12,22 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import os
 import sys
 import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cl_streamkl.data.registry import DATASETS, DOMAIN_SHIFTS, EVAL_SPLITS, SCENARIOS
 from cl_streamkl.experiment.config import (
-    AMP_MODES, DEFAULT_MODEL_KWARGS, DEVICES, JOINT, LOGGERS, STRATEGY_COMPONENTS, ExperimentConfig,
+    AMP_MODES, DEFAULT_MODEL_KWARGS, DEVICES, DIST_TIMEOUT_S, JOINT, LOGGERS, STRATEGY_COMPONENTS, ExperimentConfig,
 )
 from cl_streamkl.experiment.files import OutputWriteError
+
+if TYPE_CHECKING:
+    from cl_streamkl.experiment.data_parallel import DataParallel
 
 _EXAMPLES = """\
 examples:
@@ -34,6 +41,7 @@ examples:
   cl-streamkl run --resume runs/20250101-120000      # continue an interrupted run
   cl-streamkl run --config runs/20250101-120000/config.json --seeds 3 4   # same settings, other seeds
   cl-streamkl run --strategies joint naive streamkl --log tensorboard csv
+  torchrun --nproc_per_node 4 -m cl_streamkl run --device cuda --batch-size 256   # data-parallel, 4 GPUs
 """
 
 
@@ -41,9 +49,12 @@ def quiet_third_party_warnings() -> None:
     """Silence warnings of libraries the CLI imports that say nothing about the run.
 
     qpsolvers, which Avalanche imports for its GEM plugin, warns on import when no QP
-    solver is installed; no strategy here solves a QP.
+    solver is installed; no strategy here solves a QP. DistributedDataParallel warns once
+    that a gradient's strides differ from its bucket's: timm's class token (1, 1, D) gets a
+    gradient strided along its size-1 dimensions, which DDP copies, for D numbers.
     """
     warnings.filterwarnings("ignore", message="no QP solver found", category=UserWarning, module="qpsolvers")
+    warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides", category=UserWarning)
 
 
 def _layers(text: str) -> str | int | list[int]:
@@ -156,7 +167,9 @@ def _parsers(defaults: ExperimentConfig | None) -> tuple[argparse.ArgumentParser
     train.add_argument("--seeds", nargs="+", type=int, default=d.seeds, metavar="SEED",
                        help="one run per seed (class order and init); table shows mean ± std")
     train.add_argument("--epochs", type=_positive_int, default=d.epochs, help="epochs per experience (default: %(default)s)")
-    train.add_argument("--batch-size", type=_positive_int, default=d.batch_size, help="(default: %(default)s)")
+    train.add_argument("--batch-size", type=_positive_int, default=d.batch_size,
+                       help="samples per optimizer step; under torchrun the global batch, split over the "
+                            "processes (default: %(default)s)")
     train.add_argument("--lr", type=float, default=d.lr, help="Adam learning rate (default: %(default)s)")
     train.add_argument("--weight-decay", type=float, default=d.weight_decay, help="(default: %(default)s)")
 
@@ -186,15 +199,18 @@ def _parsers(defaults: ExperimentConfig | None) -> tuple[argparse.ArgumentParser
                               "alongside override the file's values (its --out is not reused)")
     control.add_argument("--resume", metavar="DIR",
                          help="continue the run in DIR with its saved configuration (no other options but "
-                              "--log and --no-progress); its checkpoints are verified first")
+                              "--log, --no-progress and --dist-timeout); its checkpoints are verified first")
     control.add_argument("--log", action="extend", nargs="+", choices=LOGGERS, default=[], metavar="LOGGER",
                          help=f"also report to Avalanche loggers, repeatable: {', '.join(LOGGERS)} (files under "
                               "--out; wandb needs the wandb package)")
     control.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    control.add_argument("--dist-timeout", type=float, default=DIST_TIMEOUT_S, metavar="SECONDS",
+                         help="under torchrun: how long a process waits for the others before it fails, so one "
+                              "that died or hangs stops the run (default: %(default)g)")
     return parser, run
 
 
-_CONTROL_ONLY = {"command", "resume", "config", "log", "no_progress"}
+_CONTROL_ONLY = {"command", "resume", "config", "log", "no_progress", "dist_timeout"}
 
 
 def _given_settings(argv: Sequence[str]) -> set[str]:
@@ -227,14 +243,11 @@ def _config_from_args(args: argparse.Namespace, base: ExperimentConfig | None = 
 
 
 def _run(args: argparse.Namespace, given: set[str], base: ExperimentConfig | None) -> int:
-    from tqdm.auto import tqdm
-
-    from cl_streamkl.experiment.outputs import environment, read_config, write_config, write_results
-    from cl_streamkl.experiment.plots import write_plots
-    from cl_streamkl.experiment.preflight import check_experiment
-    from cl_streamkl.experiment.runner import run_experiment
-    from cl_streamkl.experiment.statistics import format_paired, paired_comparisons
-    from cl_streamkl.experiment.summary import format_table, summarize
+    # Avalanche makes a logger as it is imported, which it refuses on ranks other than 0
+    # once a process group exists: the run's modules are imported before joining one.
+    import cl_streamkl.experiment.runner  # noqa: F401
+    from cl_streamkl.experiment.data_parallel import start_data_parallel, stop_data_parallel
+    from cl_streamkl.experiment.outputs import read_config
 
     resume = args.resume is not None
     if resume:
@@ -242,28 +255,61 @@ def _run(args: argparse.Namespace, given: set[str], base: ExperimentConfig | Non
         if changed:
             raise ValueError("--resume takes its configuration from DIR/config.json; drop "
                              + ", ".join("--" + k.replace("_", "-") for k in changed))
-        out_dir = Path(args.resume)
-        config = read_config(out_dir).resolved()
+        config = read_config(Path(args.resume)).resolved()
     else:
         config = _config_from_args(args, base)
-        config.out = config.out or str(Path("runs") / time.strftime("%Y%m%d-%H%M%S"))
-        config = config.resolved()
-        out_dir = Path(config.out)
-        if (out_dir / "config.json").exists():
-            raise ValueError(f"{str(out_dir)!r} already holds a run; pass --resume {out_dir} or another --out")
+    data_parallel = start_data_parallel(config.device, args.dist_timeout)
+    try:
+        if not resume:
+            # Rank 0's clock names the folder: the ranks' clocks may tick apart.
+            config.out = config.out or data_parallel.broadcast(str(Path("runs") / time.strftime("%Y%m%d-%H%M%S")))
+            config = config.resolved()
+        return _run_processes(args, config, resume, data_parallel)
+    finally:
+        stop_data_parallel(data_parallel)
 
-    print(f"cl-streamkl run: {config.dataset} ({config.scenario}-incremental), {config.model} ({config.image_size}px, patch {config.patch_size}), "
-          f"strategies {', '.join(config.strategies)}, seeds {config.seeds}, eval on {config.eval_split} -> {out_dir}")
-    # Everything that needs no training is checked before the folder is claimed.
-    splits = check_experiment(config, args.log)
-    if not resume:
+
+def _run_processes(args: argparse.Namespace, config: ExperimentConfig, resume: bool,
+                   data_parallel: DataParallel) -> int:
+    """The run on every process of it (one, or each of torchrun's); rank 0 prints and writes."""
+    from tqdm.auto import tqdm
+
+    from cl_streamkl.experiment.outputs import environment, write_config, write_results
+    from cl_streamkl.experiment.plots import write_plots
+    from cl_streamkl.experiment.preflight import check_experiment
+    from cl_streamkl.experiment.runner import run_experiment
+    from cl_streamkl.experiment.statistics import format_paired, paired_comparisons
+    from cl_streamkl.experiment.summary import format_table, summarize
+
+    out_dir = Path(config.out)
+    if not resume and (out_dir / "config.json").exists():
+        raise ValueError(f"{str(out_dir)!r} already holds a run; pass --resume {out_dir} or another --out")
+    main_rank, world_size = data_parallel.is_main, data_parallel.world_size
+    continue_with = (f"torchrun --nproc_per_node {world_size} -m cl_streamkl run --resume {out_dir}" if world_size > 1
+                     else f"cl-streamkl run --resume {out_dir}")
+    if main_rank:
+        processes = f", {world_size} processes" if world_size > 1 else ""
+        print(f"cl-streamkl run: {config.dataset} ({config.scenario}-incremental), {config.model} "
+              f"({config.image_size}px, patch {config.patch_size}), strategies {', '.join(config.strategies)}, "
+              f"seeds {config.seeds}, eval on {config.eval_split}{processes} -> {out_dir}")
+    # Everything that needs no training is checked before the folder is claimed. Rank 0
+    # goes first: it alone downloads missing data.
+    with data_parallel.main_first():
+        splits = check_experiment(config, args.log, data_parallel)
+    if main_rank and not resume:
         write_config(out_dir, config)
-    env = environment()  # the code and libraries the run starts with
+    env = environment(world_size) if main_rank else None  # the code and libraries the run starts with
+
+    def warn(message: str) -> None:
+        tqdm.write(f"cl-streamkl: warning: {message}", file=sys.stderr)
+
     try:
         results = run_experiment(
-            config, out_dir, resume=resume, show_progress=not args.no_progress, log=tqdm.write,
-            warn=lambda message: tqdm.write(f"cl-streamkl: warning: {message}", file=sys.stderr),
-            splits=splits, loggers=args.log)
+            config, out_dir, resume=resume, show_progress=main_rank and not args.no_progress,
+            log=tqdm.write if main_rank else None, warn=warn if main_rank else None,
+            splits=splits, loggers=args.log, data_parallel=data_parallel)
+        if not main_rank:
+            return 0
         summary = summarize(results)
         paired = paired_comparisons(results, config.scenario)
         files = write_results(out_dir, config, results, summary, env, paired)
@@ -271,11 +317,11 @@ def _run(args: argparse.Namespace, given: set[str], base: ExperimentConfig | Non
                  f"{config.eval_split} split")
         files += write_plots(summary, out_dir, title, config.scenario)
     except KeyboardInterrupt:
-        print(f"\ninterrupted; continue with: cl-streamkl run --resume {out_dir}", file=sys.stderr)
+        if main_rank:
+            print(f"\ninterrupted; continue with: {continue_with}", file=sys.stderr)
         return 130
     except OutputWriteError as err:
-        raise OutputWriteError(f"{err}; once it can be written, continue with: cl-streamkl run --resume {out_dir}"
-                               ) from err
+        raise OutputWriteError(f"{err}; once it can be written, continue with: {continue_with}") from err
     seeds = f"{len(config.seeds)} seed{'s' if len(config.seeds) > 1 else ''}"
     print(f"\n{title}, {seeds}{' (mean ± std)' if len(config.seeds) > 1 else ''}\n")
     print(format_table(summary, config.scenario))
@@ -306,19 +352,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exit_:  # argparse has printed its message already
         return int(exit_.code or 0)
     except ValueError as err:
-        print(f"cl-streamkl: error: {err}", file=sys.stderr)
+        _error(err)
         return 2
     try:
         return _run(args, given, base)
     except KeyboardInterrupt:  # before training started: nothing to continue
-        print("\ninterrupted", file=sys.stderr)
+        if _rank() == "0":
+            print("\ninterrupted", file=sys.stderr)
         return 130
     except ValueError as err:
-        print(f"cl-streamkl: error: {err}", file=sys.stderr)
+        _error(err)
         return 2
     except (OutputWriteError, OSError) as err:
-        print(f"cl-streamkl: error: {err}", file=sys.stderr)
+        _error(err)
         return 1
+
+
+def _rank() -> str:
+    """This process's rank under torchrun ("0" otherwise), known before any process group exists."""
+    return os.environ.get("RANK", "0")
+
+
+def _error(error: Exception) -> None:
+    """The one-line error message; under torchrun every rank reports, ranks other than 0 naming themselves."""
+    rank = _rank()
+    print(f"cl-streamkl: error{'' if rank == '0' else f' (rank {rank})'}: {error}", file=sys.stderr)
 
 
 if __name__ == "__main__":

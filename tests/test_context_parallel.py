@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from cl_streamkl import attention_kl, attention_kl_reference
 from cl_streamkl.distributed import attention_kl_key_sharded
+from cl_streamkl.kernels.validation import refuse_double_backward
 
 pytestmark = pytest.mark.distributed
 
@@ -165,6 +166,19 @@ def _error_cases(rank: int) -> dict[str, tuple[str, str] | None]:
     }
 
 
+def _double_backward() -> tuple[str, str] | None:
+    """A gradient of the sharded KL taken with create_graph=True (each rank its own inputs)."""
+    q = torch.randn(1, 2, 8, 8, requires_grad=True)
+    k, q_teacher, k_teacher = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 8, 8), torch.randn(1, 2, 5, 8)
+
+    def gradient_of_gradient() -> None:
+        (dq,) = torch.autograd.grad(attention_kl_key_sharded(q, k, q_teacher, k_teacher, reduction="mean"), q,
+                                    create_graph=True)
+        dq.sum().backward()
+
+    return _error_of(gradient_of_gradient)
+
+
 def _single_rank_group(rank: int) -> dict[str, object]:
     """A group of rank 0 alone: its result is attention_kl's, bit for bit; rank 1 is no member."""
     solo = dist.new_group([0])
@@ -192,6 +206,7 @@ def _run_rank(rank: int, port: int, results: multiprocessing.Queue) -> None:
         )
         outcome = {
             "errors": _error_cases(rank),
+            "double backward": _double_backward(),
             "cases": {case.name: _sharded_case(case, rank) for case in CASES},
             "single rank group": _single_rank_group(rank),
         }
@@ -334,6 +349,13 @@ def test_an_input_invalid_on_one_rank_raises_there_and_on_its_peers(rank_results
     peer, offender = (rank["errors"]["invalid on one rank"] for rank in rank_results)
     assert offender == ("ValueError", "k_teacher must have 4 dimensions (B, H, N, D), got shape (2, 5, 8)")
     assert peer[0] == "ValueError" and "rank(s) [1] of the process group rejected their inputs" in peer[1]
+
+
+def test_double_backward_is_refused_on_every_rank(rank_results):
+    with pytest.raises(RuntimeError) as refusal, torch.enable_grad():
+        refuse_double_backward()
+    for rank in rank_results:
+        assert rank["double backward"] == ("RuntimeError", str(refusal.value))
 
 
 def test_without_a_process_group_it_says_so():

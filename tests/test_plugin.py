@@ -449,7 +449,8 @@ def test_state_dict_round_trip_through_weights_only_load(tmp_path, arch: str) ->
     restored = StreamKLPlugin(alpha=1.5, layers=[-1, 0], temperature=2.0, backend="torch")
     restored.load_state_dict(checkpoint["plugin"])
     assert restored.teacher is None and restored.distiller.restore_pending
-    assert restored.last_penalty == plugin.last_penalty
+    # Each rank of a data-parallel run has its own last penalty: it is no state, so every rank saves the same.
+    assert "last_penalty" not in checkpoint["plugin"] and restored.last_penalty == 0.0
     assert restored.distiller.teacher_updates == 1
     # The teacher is rebuilt when the plugin first sees the strategy's model.
     restored.before_training(SimpleNamespace(model=restored_model))
@@ -478,6 +479,10 @@ def test_state_without_teacher_and_rejected_states(tmp_path) -> None:
         fresh.load_state_dict({"format": "something else"})
     with pytest.raises(TypeError, match="dict"):
         fresh.load_state_dict([1, 2])
+    # The previous format also held the last penalty; it loads without it.
+    fresh.load_state_dict({"format": "cl_streamkl.StreamKLPlugin/1", "distiller": plugin.distiller.state_dict(),
+                           "last_penalty": 0.25})
+    assert fresh.last_penalty == 0.0
 
     plugin.distiller.update_teacher(tiny_model(depth=2))
     pending = StreamKLPlugin(alpha=1.0, backend="torch")

@@ -24,7 +24,12 @@ from cl_streamkl.capture.extractors import (
     register_qk_extractor,
 )
 from cl_streamkl.capture.graph_reads import graph_reads_disabled
-from cl_streamkl.capture.layers import LayerSpec, find_attention_modules, resolve_layer_indices
+from cl_streamkl.capture.layers import (
+    LayerSpec,
+    find_attention_modules,
+    resolve_layer_indices,
+    unwrap_data_parallel,
+)
 
 __all__ = [
     "CompiledQK",
@@ -39,4 +44,5 @@ __all__ = [
     "qk_extractor_for",
     "register_qk_extractor",
     "resolve_layer_indices",
+    "unwrap_data_parallel",
 ]

@@ -3,7 +3,8 @@
 A layer selection (:data:`LayerSpec`) follows timm's ``forward_intermediates(indices=...)``
 rules. :func:`check_layer_spec` checks one, before or after the model is known, and
 :func:`resolve_layer_indices` turns it into block indices for one model;
-:func:`find_attention_modules` finds the attention module of every block.
+:func:`find_attention_modules` finds the attention module of every block, also through a
+data-parallel wrapper (:func:`unwrap_data_parallel`).
 """
 
 from __future__ import annotations
@@ -12,15 +13,28 @@ from collections.abc import Sequence
 from typing import Union
 
 from torch import nn
+from torch.nn.parallel import DataParallel, DistributedDataParallel
 
 from cl_streamkl.capture.extractors import qk_extractor_for, qualified_type_name
 
-__all__ = ["LayerSpec", "check_layer_spec", "find_attention_modules", "resolve_layer_indices"]
+__all__ = ["LayerSpec", "check_layer_spec", "find_attention_modules", "resolve_layer_indices", "unwrap_data_parallel"]
 
 LayerSpec = Union[str, int, Sequence[int]]
 """Which blocks to capture: ``"all"``, an int ``n`` (the last n blocks) or a list of
 block indices (negative indices count from the end), as in timm's
 ``forward_intermediates(indices=...)``."""
+
+
+def unwrap_data_parallel(model: nn.Module) -> nn.Module:
+    """The module a ``DistributedDataParallel`` (or ``DataParallel``) wrapper holds; any other model as it is.
+
+    The wrapper's forward runs this module, so hooks on its attention modules see every
+    forward through the wrapper; a snapshot (a teacher) copies this module, never the
+    wrapper with its process group and gradient reducer.
+    """
+    while isinstance(model, (DistributedDataParallel, DataParallel)):
+        model = model.module
+    return model
 
 
 def _looks_like_attention(module: nn.Module) -> bool:
@@ -35,7 +49,8 @@ def find_attention_modules(model: nn.Module) -> list[nn.Module]:
     with a registered extractor, in ``model.modules()`` order.
 
     Args:
-        model: the vision transformer.
+        model: the vision transformer, or a ``DistributedDataParallel`` / ``DataParallel``
+            wrapper around one (the wrapped module's blocks are found).
 
     Returns:
         One attention module per block.
@@ -47,6 +62,7 @@ def find_attention_modules(model: nn.Module) -> list[nn.Module]:
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    model = unwrap_data_parallel(model)
     blocks = getattr(model, "blocks", None)
     if isinstance(blocks, nn.Module) and len(list(blocks.children())) > 0:
         found = []

@@ -23,6 +23,8 @@ AMP_MODES = ("none", "bf16", "fp16")
 # Avalanche loggers --log can add (see cl_streamkl.experiment.loggers).
 LOGGERS = ("tensorboard", "csv", "wandb")
 DEVICES = ("auto", "cpu", "cuda")
+# How long a process of a data-parallel run waits for the others in one collective (torch's NCCL default).
+DIST_TIMEOUT_S = 600.0
 DEFAULT_MODEL = "vit_tiny_patch16_224"
 # A 4-block, 64-wide ViT; with 32 px images and 8 px patches (16 tokens, each 2×2 digit pixels)
 # it learns each Split-Digits experience in a few seconds on two CPU cores.

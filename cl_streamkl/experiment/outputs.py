@@ -29,8 +29,12 @@ _PACKAGES = ("cl-streamkl", "torch", "triton", "timm", "avalanche-lib", "torchvi
              "scikit-learn", "matplotlib")
 
 
-def environment() -> dict[str, Any]:
-    """Library versions, Python, platform, device and git commit (when run from a checkout)."""
+def environment(world_size: int = 1) -> dict[str, Any]:
+    """Library versions, Python, platform, device, processes and git commit (when run from a checkout).
+
+    Args:
+        world_size: processes of a data-parallel run (1 for one process).
+    """
     versions = {}
     for name in _PACKAGES:
         try:
@@ -40,7 +44,7 @@ def environment() -> dict[str, Any]:
     return {
         "versions": versions, "python": platform.python_version(), "platform": platform.platform(),
         "cuda_device": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-        "torch_threads": torch.get_num_threads(), "git_commit": git_commit(),
+        "torch_threads": torch.get_num_threads(), "world_size": world_size, "git_commit": git_commit(),
     }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from avalanche.training.plugins import EWCPlugin, LwFPlugin, ReplayPlugin, SupervisedPlugin
 from avalanche.training.plugins.clock import Clock
 from avalanche.training.utils import ParamData
@@ -14,12 +15,18 @@ _CLOCK_FIELDS = ("train_iterations", "train_exp_counter", "train_exp_epochs",
                  "train_exp_iterations", "train_epoch_iterations", "total_iterations")
 
 
-def plugin_state(plugin: SupervisedPlugin) -> dict[str, Any]:
+def plugin_state(plugin: SupervisedPlugin, parameter_prefix: str = "") -> dict[str, Any]:
     """Everything a plugin learned so far, as tensors and plain Python values.
 
     Supports LwF (teacher weights, seen classes, experience count), EWC (anchor
     parameters and importances per experience), replay (buffer indices), the
     Avalanche clock, and any plugin with its own ``state_dict`` (StreamKL).
+
+    Args:
+        plugin: the plugin.
+        parameter_prefix: what the strategy's model puts before its parameters' names
+            (``"module."`` for a ``DistributedDataParallel`` wrapper); EWC's names are
+            saved without it, so the state fits a run of any number of processes.
 
     Raises:
         TypeError: a plugin type this module does not know how to save.
@@ -34,9 +41,9 @@ def plugin_state(plugin: SupervisedPlugin) -> dict[str, Any]:
         }
     if isinstance(plugin, EWCPlugin):
         return {
-            "saved_params": {int(t): {k: p.data.clone() for k, p in ps.items()}
+            "saved_params": {int(t): {k.removeprefix(parameter_prefix): p.data.clone() for k, p in ps.items()}
                              for t, ps in plugin.saved_params.items()},
-            "importances": {int(t): {k: p.data.clone() for k, p in ps.items()}
+            "importances": {int(t): {k.removeprefix(parameter_prefix): p.data.clone() for k, p in ps.items()}
                             for t, ps in plugin.importances.items()},
         }
     if isinstance(plugin, ReplayPlugin):
@@ -49,7 +56,8 @@ def plugin_state(plugin: SupervisedPlugin) -> dict[str, Any]:
 
 
 def load_plugin_state(
-    plugin: SupervisedPlugin, state: dict[str, Any], model_factory: Callable[[], nn.Module]
+    plugin: SupervisedPlugin, state: dict[str, Any], model_factory: Callable[[], nn.Module],
+    parameter_prefix: str = "", device: torch.device | str = "cpu",
 ) -> None:
     """Inverse of :func:`plugin_state`.
 
@@ -58,6 +66,8 @@ def load_plugin_state(
         state: what :func:`plugin_state` returned.
         model_factory: builds a fresh model of the run's architecture (LwF's teacher
             is rebuilt this way rather than deep-copied, so it carries no hooks).
+        parameter_prefix: as for :func:`plugin_state`, put back before EWC's names.
+        device: where the run computes (EWC's anchors and importances go there).
     """
     if isinstance(plugin, LwFPlugin):
         lwf = plugin.lwf
@@ -75,8 +85,10 @@ def load_plugin_state(
             target = getattr(plugin, field)
             target.clear()
             for t, params in state[field].items():
-                target[int(t)] = {k: ParamData(k, init_tensor=v.clone(), device=v.device)
-                                  for k, v in params.items()}
+                target[int(t)] = {
+                    parameter_prefix + k: ParamData(parameter_prefix + k, init_tensor=v.to(device, copy=True),
+                                                    device=device)
+                    for k, v in params.items()}
     elif isinstance(plugin, ReplayPlugin):
         plugin.storage_policy.load_state_dict(state)
     elif isinstance(plugin, Clock):

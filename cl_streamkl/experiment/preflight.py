@@ -16,20 +16,10 @@ from torch import nn
 
 from cl_streamkl.data.registry import build_stream, load_splits
 from cl_streamkl.data.stream import ExperienceStream, LabeledSplits
-from cl_streamkl.experiment.config import ExperimentConfig
+from cl_streamkl.experiment.config import ExperimentConfig, strategy_components
+from cl_streamkl.experiment.data_parallel import DataParallel, resolve_device
 from cl_streamkl.experiment.model import build_model
 from cl_streamkl.experiment.template import autocast
-
-
-def resolve_device(device: str) -> torch.device:
-    """``"auto"`` → CUDA when available, else CPU; ``"cuda"`` without a GPU is an error."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' requested but torch.cuda.is_available() is False")
-    if device not in ("cpu", "cuda"):
-        raise ValueError(f"device must be auto, cpu or cuda; got {device!r}")
-    return torch.device(device)
 
 
 def build_run_stream(config: ExperimentConfig, splits: LabeledSplits, seed: int) -> ExperienceStream:
@@ -70,19 +60,55 @@ def _check_distillation(strategy: str, name: str, plugin: object, model: nn.Modu
         raise ValueError(f"strategy {strategy!r}: {name} cannot distil {config.model}: {err}") from err
 
 
-def check_experiment(config: ExperimentConfig, loggers: Sequence[str] = ()) -> LabeledSplits:
+# Components whose penalty reaches parameters the data-parallel forward did not use: in the
+# task scenario LwF runs the model a second time for every head, and EWC pulls every head
+# toward its anchor, while the forward uses only the batch's own head. DDP reduces each
+# gradient once per step and cannot take those.
+TASK_SCENARIO_SINGLE_PROCESS = ("lwf", "ewc")
+
+
+def check_data_parallel(config: ExperimentConfig, loggers: Sequence[str], world_size: int) -> None:
+    """Refuse what a run of ``world_size`` processes cannot do (nothing for one process).
+
+    Raises:
+        ValueError: ``--log`` (Avalanche's metrics would count one rank's samples), LwF or
+            EWC in the task scenario, or a global batch smaller than the number of ranks.
+    """
+    if world_size == 1:
+        return
+    if loggers:
+        raise ValueError(f"--log {' '.join(loggers)} needs a single process: Avalanche's metrics count one rank's "
+                         f"samples only; drop --log, or run without torchrun")
+    if config.scenario == "task":
+        for strategy in config.strategies:
+            refused = sorted(strategy_components(strategy, config.scenario) & set(TASK_SCENARIO_SINGLE_PROCESS))
+            if refused:
+                raise ValueError(
+                    f"strategy {strategy!r} cannot run data-parallel in the task scenario: {refused[0]}'s penalty "
+                    "reaches task heads the batch does not use, which DistributedDataParallel cannot reduce; "
+                    "run it in a single process")
+    if config.batch_size < world_size:
+        raise ValueError(f"--batch-size {config.batch_size} is the global batch, split over {world_size} processes: "
+                         f"it must be at least {world_size}")
+
+
+def check_experiment(config: ExperimentConfig, loggers: Sequence[str] = (),
+                     data_parallel: DataParallel | None = None) -> LabeledSplits:
     """Run every check that needs no training; return the loaded data for the run.
 
-    In order: the loggers are available, the device exists, the data loads, the stream
-    splits (experiences the classes divide into, the first experience's classes, enough
-    samples per domain), the model builds, a forward under the configured precision
-    runs, and for each attention distillation (``streamkl``, ``pad``) the selected layers
-    exist, their attention scores can be read, and the penalty computes with the
-    configured backend, temperature and scale.
+    In order: what a data-parallel run cannot do (:func:`check_data_parallel`), the
+    loggers are available, the device exists, the data loads, the stream splits
+    (experiences the classes divide into, the first experience's classes, enough samples
+    per domain), the model builds, a forward under the configured precision runs, and for
+    each attention distillation (``streamkl``, ``pad``) the selected layers exist, their
+    attention scores can be read, and the penalty computes with the configured backend,
+    temperature and scale.
 
     Args:
         config: resolved configuration.
         loggers: names given to ``--log``.
+        data_parallel: this process's place in a data-parallel run (its device is used);
+            default: a single process on ``config.device``.
 
     Returns:
         The dataset's splits (pass them to :func:`~cl_streamkl.experiment.runner.run_experiment`).
@@ -94,8 +120,9 @@ def check_experiment(config: ExperimentConfig, loggers: Sequence[str] = ()) -> L
     from cl_streamkl.experiment.strategy_plugins import build_plugins
     from cl_streamkl.strategies.plugin import AttentionDistillationPlugin
 
+    check_data_parallel(config, loggers, 1 if data_parallel is None else data_parallel.world_size)
     check_loggers(loggers)
-    device = resolve_device(config.device)
+    device = resolve_device(config.device) if data_parallel is None else data_parallel.device
     splits = load_splits(config.dataset, data_root=config.data_root, image_size=config.image_size,
                          download=config.download, in_chans=config.in_chans, split_seed=config.split_seed)
     stream = build_run_stream(config, splits, config.seeds[0])

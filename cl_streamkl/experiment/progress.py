@@ -4,15 +4,23 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
 from avalanche.training.plugins import SupervisedPlugin
 from tqdm.auto import tqdm
 
+from cl_streamkl.experiment.data_parallel import DataParallel
 
-class ProgressPlugin(SupervisedPlugin):
+
+class ProgressPlugin(SupervisedPlugin, supports_distributed=True):
     """Shows a tqdm bar per training experience and records StreamKL's penalty.
 
     Must come after plugins that replace the data loader (replay) so the bar
     length counts the real iterations.
+
+    In a data-parallel run each rank's penalty is the mean over its share of the batch;
+    after each experience the ranks' penalties, weighted as their losses are, are
+    averaged into the whole batch's penalty (one collective per experience), so
+    ``penalties`` holds what one process would record. The bar shows the rank's own.
 
     Args:
         description: bar label, e.g. ``"lwf+streamkl seed 0"``.
@@ -20,17 +28,23 @@ class ProgressPlugin(SupervisedPlugin):
         penalty_source: an object with a ``last_penalty`` float (the StreamKL plugin)
             or None; its value after every backward pass is appended to ``penalties``.
         enabled: False hides the bars (penalties are still recorded).
+        data_parallel: this process's place in the run (default: a single process).
     """
 
     def __init__(
-        self, description: str, n_experiences: int, penalty_source: Any = None, enabled: bool = True
+        self, description: str, n_experiences: int, penalty_source: Any = None, enabled: bool = True,
+        data_parallel: DataParallel | None = None,
     ) -> None:
         super().__init__()
         self.description = description
         self.n_experiences = n_experiences
         self.penalty_source = penalty_source
         self.enabled = enabled
+        self.data_parallel = DataParallel() if data_parallel is None else data_parallel
         self.penalties: list[float] = []
+        # This experience's penalties so far, each times the loss weight of its step.
+        self._weighted: list[float] = []
+        self._last = 0.0
         self._bar: tqdm | None = None
 
     def before_training_exp(self, strategy: Any, **kwargs: Any) -> None:
@@ -43,13 +57,14 @@ class ProgressPlugin(SupervisedPlugin):
 
     def after_backward(self, strategy: Any, **kwargs: Any) -> None:
         if self.penalty_source is not None:
-            self.penalties.append(float(self.penalty_source.last_penalty))
+            self._last = float(self.penalty_source.last_penalty)
+            self._weighted.append(self._last * getattr(strategy, "loss_weight", 1.0))
 
     def after_training_iteration(self, strategy: Any, **kwargs: Any) -> None:
         if self._bar is not None:
             postfix = {"loss": f"{float(strategy.loss.detach()):.3f}"}
-            if self.penalty_source is not None and self.penalties:
-                postfix["kl"] = f"{self.penalties[-1]:.4f}"
+            if self.penalty_source is not None and self._weighted:
+                postfix["kl"] = f"{self._last:.4f}"
             self._bar.set_postfix(postfix, refresh=False)
             self._bar.update(1)
 
@@ -57,3 +72,8 @@ class ProgressPlugin(SupervisedPlugin):
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+        weighted, self._weighted = self._weighted, []
+        if self.data_parallel.distributed and self.penalty_source is not None:
+            world = self.data_parallel.world_size
+            weighted = (self.data_parallel.all_sum(torch.tensor(weighted, dtype=torch.float64)) / world).tolist()
+        self.penalties.extend(weighted)

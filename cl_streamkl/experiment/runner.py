@@ -25,11 +25,12 @@ from cl_streamkl.experiment.checkpoint import (
     RunIdentity, load_checkpoint, rng_state, save_checkpoint, seed_everything, set_rng_state,
 )
 from cl_streamkl.experiment.config import JOINT, ExperimentConfig
+from cl_streamkl.experiment.data_parallel import DataParallel, resolve_device
 from cl_streamkl.experiment.evaluation import accuracy_per_experience
 from cl_streamkl.experiment.loggers import build_evaluator, build_loggers, close_loggers
 from cl_streamkl.experiment.memory import PeakMemory
 from cl_streamkl.experiment.plugin_state import load_plugin_state, plugin_state
-from cl_streamkl.experiment.preflight import build_run_model, build_run_stream, check_experiment, resolve_device
+from cl_streamkl.experiment.preflight import build_run_model, build_run_stream, check_experiment
 from cl_streamkl.experiment.progress import ProgressPlugin
 from cl_streamkl.experiment.strategy_plugins import build_plugins
 from cl_streamkl.experiment.template import AmpSupervisedTemplate
@@ -58,11 +59,13 @@ class RunResult:
             accuracy of the shared head); empty in other scenarios.
         penalties: attention-distillation penalty (StreamKL or PAD) after every training
             iteration (empty without one).
-        wall_time_s: training plus evaluation time, summed over every start when resumed.
+        wall_time_s: training plus evaluation time, summed over every start when resumed
+            (rank 0's in a data-parallel run).
         peak_memory_mb: this run's own peak, in MiB: CUDA peak allocated memory on a GPU;
             on a CPU the peak resident set size of the process sampled while this run
             trained and evaluated (it includes the data and libraries the process holds,
-            so compare strategies by their differences).
+            so compare strategies by their differences). The largest over the processes
+            of a data-parallel run.
     """
 
     strategy: str
@@ -117,12 +120,18 @@ def _experiences(datasets: Sequence[Any], stream_name: str, task_labels: bool) -
 
 
 class _Run:
-    """One (strategy, seed) run: model, template and plugins, plus its checkpoint file."""
+    """One (strategy, seed) run: model, template and plugins, plus its checkpoint file.
+
+    Data parallel: every rank builds the same run (same seed, same model); the template
+    trains the model wrapped in DistributedDataParallel, while evaluation, checkpoints and
+    snapshots use the module itself. Rank 0 alone writes the checkpoint.
+    """
 
     def __init__(self, config: ExperimentConfig, stream: ExperienceStream, strategy: str, seed: int,
-                 device: torch.device, show_progress: bool, loggers: Sequence[Any] = ()) -> None:
+                 data_parallel: DataParallel, show_progress: bool, loggers: Sequence[Any] = ()) -> None:
         self.config, self.stream, self.strategy, self.seed = config, stream, strategy, seed
-        self.device = device
+        self.data_parallel = data_parallel
+        self.device = data_parallel.device
         self.identity = RunIdentity(strategy, seed, config.fingerprint_json())
         self.joint = strategy == JOINT
         task_labels = stream.scenario == "task"
@@ -132,17 +141,21 @@ class _Run:
         self.eval_experiences = _experiences(stream.eval_datasets(config.eval_split), config.eval_split, task_labels)
         seed_everything(seed)
         self.model = self.new_model()
+        # The task scenario's model has a head per task, and a batch uses only its own.
+        train_model = data_parallel.wrap(self.model, find_unused_parameters=task_labels)
+        # What the strategy's model puts before parameter names (EWC's state leaves it out).
+        self.parameter_prefix = "module." if train_model is not self.model else ""
         optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
         self.plugins = build_plugins(strategy, config, stream, seed)
         distiller = self.plugins.get("streamkl", self.plugins.get("pad"))
         self.progress = ProgressPlugin(f"{strategy} seed {seed}", len(self.train_experiences),
-                                       penalty_source=distiller, enabled=show_progress)
+                                       penalty_source=distiller, enabled=show_progress, data_parallel=data_parallel)
         self.loggers = list(loggers)
         evaluator = {"evaluator": build_evaluator(self.loggers, penalty="streamkl" in self.plugins)} if self.loggers else {}
         self.template = AmpSupervisedTemplate(
-            model=self.model, optimizer=optimizer, criterion=nn.CrossEntropyLoss(),
+            model=train_model, optimizer=optimizer, criterion=nn.CrossEntropyLoss(),
             train_mb_size=config.batch_size, train_epochs=config.epochs,
-            eval_mb_size=config.eval_batch_size, device=device, amp=config.amp,
+            eval_mb_size=config.eval_batch_size, device=self.device, amp=config.amp, data_parallel=data_parallel,
             plugins=[*self.plugins.values(), self.progress], **evaluator,
         )
         self.clock = next(p for p in self.template.plugins if isinstance(p, Clock))
@@ -150,7 +163,8 @@ class _Run:
     def new_model(self) -> nn.Module:
         return build_run_model(self.config, self.stream, self.device)
 
-    def state(self, result: RunResult, steps_done: int) -> dict[str, Any]:
+    def state(self, result: RunResult, steps_done: int, rank_rng: list[dict[str, Any]] | None) -> dict[str, Any]:
+        """The checkpoint's content; ``rank_rng``: every rank's random-number state (data parallel)."""
         scaler = self.template.scaler
         return {
             "experiences_done": steps_done,
@@ -158,9 +172,10 @@ class _Run:
             "model": self.model.state_dict(),
             "optimizer": self.template.optimizer.state_dict(),
             "scaler": None if scaler is None else scaler.state_dict(),
-            "plugins": {name: plugin_state(p) for name, p in self.plugins.items()},
+            "plugins": {name: plugin_state(p, self.parameter_prefix) for name, p in self.plugins.items()},
             "clock": plugin_state(self.clock),
-            "rng": rng_state(),
+            "rng": rng_state() if rank_rng is None else rank_rng[0],
+            "rank_rng": rank_rng,
             "result": asdict(result),
         }
 
@@ -170,16 +185,19 @@ class _Run:
         self.template.optimizer.load_state_dict(state["optimizer"])
         # Avalanche resets the optimizer state on a strategy's first experience unless it
         # already knows which parameters it optimizes, as after an uninterrupted experience.
-        self.template.optimized_param_id = dict(self.model.named_parameters())
+        self.template.optimized_param_id = dict(self.template.model.named_parameters())
         if self.template.scaler is not None and state["scaler"] is not None:
             self.template.scaler.load_state_dict(state["scaler"])
         for name, plugin in self.plugins.items():
-            load_plugin_state(plugin, state["plugins"][name], self.new_model)
+            load_plugin_state(plugin, state["plugins"][name], self.new_model, self.parameter_prefix, self.device)
         load_plugin_state(self.clock, state["clock"], self.new_model)
         result = RunResult(**state["result"])
         self.progress.penalties = list(result.penalties)
-        # Last: rebuilding teachers above consumed random numbers.
-        set_rng_state(state["rng"])
+        # Last: rebuilding teachers above consumed random numbers. Each rank continues its
+        # own random numbers; with another number of processes, all take rank 0's.
+        rank_rng = state.get("rank_rng")
+        same_world = rank_rng is not None and len(rank_rng) == self.data_parallel.world_size
+        set_rng_state(rank_rng[self.data_parallel.rank] if same_world else state["rng"])
         return result, int(state["experiences_done"])
 
     def _report_to_loggers(self) -> None:
@@ -200,6 +218,7 @@ class _Run:
         n = self.stream.n_experiences
         steps = len(self.train_experiences)
         scenario = self.stream.scenario
+        data_parallel = self.data_parallel
         for step in range(first_step, steps):
             with PeakMemory(self.device) as memory:
                 start = time.perf_counter()
@@ -209,9 +228,10 @@ class _Run:
                 row, task_row = accuracy_per_experience(
                     self.model, eval_sets, batch_size=self.config.eval_batch_size, device=self.device,
                     amp=self.config.amp, task_heads=scenario == "task",
-                    class_sets=self.stream.experience_classes if scenario == "class" else None)
+                    class_sets=self.stream.experience_classes if scenario == "class" else None,
+                    data_parallel=data_parallel)
                 result.wall_time_s += time.perf_counter() - start
-            result.peak_memory_mb = max(result.peak_memory_mb, memory.peak_mb)
+            result.peak_memory_mb = max(result.peak_memory_mb, data_parallel.all_max(memory.peak_mb))
             trained = range(n) if self.joint else [step]
             result.accuracy_matrix += [row] * len(trained)
             if task_row:
@@ -219,7 +239,9 @@ class _Run:
             result.penalties = list(self.progress.penalties)
             if self.loggers:
                 self._report_to_loggers()
-            save_checkpoint(ckpt, self.state(result, step + 1), self.identity)
+            rank_rng = data_parallel.gather(rng_state()) if data_parallel.distributed else None
+            if data_parallel.is_main:
+                save_checkpoint(ckpt, self.state(result, step + 1, rank_rng), self.identity)
             if log is not None:
                 done = len(result.accuracy_matrix)
                 seen = sum(row[:done]) / done
@@ -256,6 +278,7 @@ def run_experiment(
     warn: Log | None = None,
     splits: LabeledSplits | None = None,
     loggers: Sequence[str] = (),
+    data_parallel: DataParallel | None = None,
 ) -> list[RunResult]:
     """Train every strategy on every seed of a continual stream (``config.scenario``).
 
@@ -264,6 +287,13 @@ def run_experiment(
     (checksum, strategy, seed, configuration); then finished runs are read back and
     unfinished ones continue after their last complete experience, giving the same
     results as an uninterrupted run.
+
+    Data parallel: every rank of the run calls this with the same arguments; each trains
+    on its share of every batch (see
+    :class:`~cl_streamkl.experiment.template.AmpSupervisedTemplate`), and the results are
+    those of the whole batches, the same on every rank. Rank 0 alone writes checkpoints;
+    every rank reads them to resume. Pass ``show_progress``, ``log`` and ``warn`` on
+    rank 0 only.
 
     Args:
         config: resolved configuration (see :meth:`ExperimentConfig.resolved`).
@@ -276,6 +306,9 @@ def run_experiment(
         splits: data checked and loaded by
             :func:`~cl_streamkl.experiment.preflight.check_experiment` (run here when None).
         loggers: Avalanche loggers to feed (see :mod:`cl_streamkl.experiment.loggers`).
+        data_parallel: this process's place in a data-parallel run (from
+            :func:`~cl_streamkl.experiment.data_parallel.start_data_parallel`); default:
+            a single process on ``config.device``.
 
     Returns:
         One :class:`RunResult` per (seed, strategy), seeds outermost.
@@ -286,9 +319,10 @@ def run_experiment(
         OutputWriteError: a checkpoint cannot be written (the previous one is kept).
     """
     out_dir = Path(out_dir)
+    if data_parallel is None:
+        data_parallel = DataParallel(device=resolve_device(config.device))
     if splits is None:
-        splits = check_experiment(config, loggers)
-    device = resolve_device(config.device)
+        splits = check_experiment(config, loggers, data_parallel)
     finished = _finished_results(config, out_dir) if resume else {}
     results = []
     for seed in config.seeds:
@@ -301,7 +335,7 @@ def run_experiment(
             ckpt = checkpoint_path(out_dir, strategy, seed)
             run_loggers = build_loggers(loggers, out_dir, strategy, seed, config, resume=(strategy, seed) in finished)
             try:
-                run = _Run(config, stream, strategy, seed, device, show_progress, run_loggers)
+                run = _Run(config, stream, strategy, seed, data_parallel, show_progress, run_loggers)
                 result, first = RunResult(strategy, seed, list(stream.class_order), []), 0
                 if (strategy, seed) in finished:
                     result, first = run.restore(load_checkpoint(ckpt, run.identity))

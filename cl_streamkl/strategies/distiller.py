@@ -16,6 +16,12 @@ Example:
     >>> penalty = distiller.penalty(x, cap.qk, student_scales=cap.scales, teacher=teacher)
     >>> loss = F.cross_entropy(logits, y) + penalty
     >>> loss.backward()
+
+Data parallel: ``model`` may be a ``DistributedDataParallel`` wrapper. The student runs
+through it (so its gradients, penalty included, are averaged over the ranks), its Q/K are
+captured in the wrapped module's blocks, and the teacher is a snapshot of the wrapped
+module that runs on each rank without the wrapper. Each rank's penalty is the mean over its
+own samples, as each rank's loss is.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from torch import nn
 from cl_streamkl.attention_kl import attention_kl, attention_kl_grouped
 from cl_streamkl.capture import CompiledQK, LayerSpec, QKCapture, TeacherQK
 from cl_streamkl.capture.compiled import check_compile_options
-from cl_streamkl.capture.layers import check_layer_spec, find_attention_modules
+from cl_streamkl.capture.layers import check_layer_spec, find_attention_modules, unwrap_data_parallel
 from cl_streamkl.kernels.validation import check_options
 from cl_streamkl.strategies.teacher import frozen_copy, named_tensors, restore_frozen_copy
 
@@ -118,7 +124,7 @@ class AttentionDistiller:
         return self._pending_teacher is not None
 
     def validate(self, model: nn.Module) -> list[int]:
-        """Check that ``model`` can be distilled with these layers; return the block indices.
+        """Check that ``model`` (or the module in its data-parallel wrapper) can be distilled; return the block indices.
 
         Raises:
             TypeError: ``model`` has no capturable attention.
@@ -131,11 +137,13 @@ class AttentionDistiller:
 
         The old teacher is released before copying, so at most one snapshot is alive.
         The snapshot is a deep copy taken without ``model``'s hooks, in ``eval()`` mode,
-        with every parameter ``requires_grad=False``, on ``model``'s device.
+        with every parameter ``requires_grad=False``, on ``model``'s device. Of a
+        ``DistributedDataParallel`` wrapper, the wrapped module is copied.
 
         Returns:
             The new teacher.
         """
+        model = unwrap_data_parallel(model)
         self.validate(model)
         self._set_teacher(None)
         self._pending_teacher = None
@@ -145,7 +153,10 @@ class AttentionDistiller:
         return self._teacher
 
     def student_capture(self, model: nn.Module) -> QKCapture:
-        """A :class:`QKCapture` of ``model`` for the selected layers (enter it around the forward)."""
+        """A :class:`QKCapture` of ``model`` for the selected layers (enter it around the forward).
+
+        ``model`` may be a ``DistributedDataParallel`` wrapper: run the forward through it.
+        """
         return QKCapture(model, self.layers)
 
     def _set_teacher(self, teacher: nn.Module | None) -> None:
@@ -273,6 +284,7 @@ class AttentionDistiller:
                 names, shapes or dtypes, or its attention heads per block, do not match
                 ``model``.
         """
+        model = unwrap_data_parallel(model)
         self.validate(model)
         if self._pending_teacher is None:
             return

@@ -10,6 +10,11 @@ Each callback does one thing:
 * ``before_backward``: add the penalty to ``strategy.loss``;
 * ``after_training_exp``: snapshot the model as the next teacher.
 
+The strategy's model may be wrapped in ``DistributedDataParallel`` (a data-parallel run):
+the student's forward runs through the wrapper, the Q/K are captured in the wrapped
+module's blocks, the teacher is a snapshot of the wrapped module on each rank, and the
+penalty is each rank's own (its gradient is averaged over the ranks with the loss's).
+
 Example:
     >>> plugin = StreamKLPlugin(alpha=1.0, layers="all")
     >>> strategy = Naive(model=vit, optimizer=opt, criterion=nn.CrossEntropyLoss(),
@@ -45,7 +50,7 @@ def _version(minibatch: object) -> int:
     return getattr(minibatch, "_version", 0)
 
 
-class AttentionDistillationPlugin(SupervisedPlugin):
+class AttentionDistillationPlugin(SupervisedPlugin, supports_distributed=True):
     """Avalanche adapter over an :class:`AttentionDistiller`: the callbacks and the state.
 
     First experience: no penalty. After every training experience the model is
@@ -58,7 +63,9 @@ class AttentionDistillationPlugin(SupervisedPlugin):
         distiller: does the work (teacher snapshot, Q/K capture, penalty).
     """
 
-    state_format = "cl_streamkl.AttentionDistillationPlugin/1"
+    state_format = "cl_streamkl.AttentionDistillationPlugin/2"
+    # Version 1 also held the last penalty, which differs between data-parallel ranks; it loads without it.
+    previous_state_format = "cl_streamkl.AttentionDistillationPlugin/1"
 
     def __init__(self, distiller: AttentionDistiller) -> None:
         super().__init__()
@@ -143,13 +150,11 @@ class AttentionDistillationPlugin(SupervisedPlugin):
         """Teacher snapshot (parameters and buffers), configuration and counters.
 
         Plain dicts, numbers, strings and tensors only: save with ``torch.save`` and
-        read back with ``torch.load(path, weights_only=True)``.
+        read back with ``torch.load(path, weights_only=True)``. The same on every rank of a
+        data-parallel run (the last penalty, which each rank computes on its own samples,
+        is not part of it).
         """
-        return {
-            "format": self.state_format,
-            "distiller": self.distiller.state_dict(),
-            "last_penalty": self.last_penalty,
-        }
+        return {"format": self.state_format, "distiller": self.distiller.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore from :meth:`state_dict`.
@@ -158,24 +163,27 @@ class AttentionDistillationPlugin(SupervisedPlugin):
         start of ``strategy.train``), from that model's structure and the saved tensors,
         bit for bit. Call :meth:`attach` to rebuild it earlier.
 
+        ``last_penalty`` reads 0.0 until the next training iteration. States of the
+        previous format (which also held the last penalty) load as well.
+
         Raises:
             TypeError / ValueError: ``state`` is not a StreamKLPlugin state or was saved
                 with another configuration.
         """
         if not isinstance(state, dict):
             raise TypeError(f"state must be a dict, got {type(state).__name__}")
-        if state.get("format") != self.state_format:
+        if state.get("format") not in (self.state_format, self.previous_state_format):
             raise ValueError(f"state is not a {type(self).__name__} state (format {state.get('format')!r})")
         self._close_capture()
         self.distiller.load_state_dict(state["distiller"])
-        self._last_penalty = float(state["last_penalty"])
+        self._last_penalty = 0.0
 
     def attach(self, model: nn.Module) -> None:
         """Validate ``model`` and rebuild a restored teacher from its structure now."""
         self.distiller.attach(model)
 
 
-class StreamKLPlugin(AttentionDistillationPlugin):
+class StreamKLPlugin(AttentionDistillationPlugin, supports_distributed=True):
     """Distil the previous experience's attention into the current model (StreamKL).
 
     The penalty is ``alpha × mean_layers attention_kl(q_s, k_s, q_t, k_t,
@@ -195,7 +203,8 @@ class StreamKLPlugin(AttentionDistillationPlugin):
             attention or a layer index out of range when training starts.
     """
 
-    state_format = "cl_streamkl.StreamKLPlugin/1"
+    state_format = "cl_streamkl.StreamKLPlugin/2"
+    previous_state_format = "cl_streamkl.StreamKLPlugin/1"
 
     def __init__(
         self,
@@ -217,7 +226,7 @@ class StreamKLPlugin(AttentionDistillationPlugin):
         )
 
 
-class PADPlugin(AttentionDistillationPlugin):
+class PADPlugin(AttentionDistillationPlugin, supports_distributed=True):
     """Pooled attention distillation (Pelosin et al. 2022), the published variant StreamKL is compared with.
 
     The penalty is ``alpha ×`` the mean over the selected blocks of
@@ -230,7 +239,8 @@ class PADPlugin(AttentionDistillationPlugin):
         compile_teacher: as for :class:`StreamKLPlugin`.
     """
 
-    state_format = "cl_streamkl.PADPlugin/1"
+    state_format = "cl_streamkl.PADPlugin/2"
+    previous_state_format = "cl_streamkl.PADPlugin/1"
 
     def __init__(self, alpha: float = 1.0, layers: LayerSpec = "all",
                  compile_teacher: bool | Mapping[str, Any] = False) -> None:

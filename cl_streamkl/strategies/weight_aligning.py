@@ -16,6 +16,8 @@ import torch
 from avalanche.training.plugins import SupervisedPlugin
 from torch import nn
 
+from cl_streamkl.capture.layers import unwrap_data_parallel
+
 __all__ = ["WeightAlignPlugin", "align_weights"]
 
 
@@ -46,6 +48,7 @@ def align_weights(classifier: nn.Linear, old_classes: Iterable[int], new_classes
 
 
 def _classifier(model: nn.Module) -> nn.Linear:
+    model = unwrap_data_parallel(model)
     get_classifier = getattr(model, "get_classifier", None)
     head = get_classifier() if callable(get_classifier) else None
     if not isinstance(head, nn.Linear):
@@ -54,11 +57,12 @@ def _classifier(model: nn.Module) -> nn.Linear:
     return head
 
 
-class WeightAlignPlugin(SupervisedPlugin):
+class WeightAlignPlugin(SupervisedPlugin, supports_distributed=True):
     """Avalanche plugin: :func:`align_weights` after every training experience.
 
     Put it before plugins that snapshot the model after an experience (LwF, StreamKL),
-    so their teachers are the aligned model, as in the original method.
+    so their teachers are the aligned model, as in the original method. In a data-parallel
+    run every rank aligns its identical replica the same way, so the replicas stay equal.
 
     Attributes:
         seen_classes: every class trained so far (saved by :meth:`state_dict`).
