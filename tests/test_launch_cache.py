@@ -205,8 +205,8 @@ def test_autotune_pruning_keeps_small_tiles_for_wide_heads_and_fp32(kind, dtype,
         "Q": torch.empty(1, 1, 1, head_dim, dtype=dtype),
         "d_s": head_dim,
         "d_t": 32,
-        "N_Q_BUCKET": 8192,
-        "N_K_BUCKET": 8192,
+        "N_Q_BUCKET": 1024,
+        "N_K_BUCKET": 1024,
     }
     kept = tuning.prune_configs(configs, named_args, kind=kind)
     assert kept and all(config in configs for config in kept)
@@ -214,17 +214,18 @@ def test_autotune_pruning_keeps_small_tiles_for_wide_heads_and_fp32(kind, dtype,
     assert (max(tiles) <= 64 * 64) == small_only
     assert all(config.num_stages <= 2 for config in kept) == two_stages
     if not small_only:
-        assert kept == configs
+        assert {tuning.config_tuple(c) for c in kept} == tuning.SHORT_SEQUENCE_CANDIDATES[kind]
 
 
 def test_grouped_kernels_prune_by_their_element_constexpr():
     import triton.language as tl
 
     configs = tuning.autotune_configs("fwd")
-    named_args = {"d_s": 64, "d_t": 64, "N_Q_BUCKET": 8192, "N_K_BUCKET": 8192}
+    named_args = {"d_s": 64, "d_t": 64, "N_Q_BUCKET": 1024, "N_K_BUCKET": 1024}
     kept_fp32 = tuning.prune_configs(configs, named_args, kind="fwd", ELEMENT=tl.float32)
     assert max(c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"] for c in kept_fp32) <= 64 * 64
-    assert tuning.prune_configs(configs, named_args, kind="fwd", ELEMENT=tl.bfloat16) == configs
+    kept_bf16 = tuning.prune_configs(configs, named_args, kind="fwd", ELEMENT=tl.bfloat16)
+    assert {tuning.config_tuple(c) for c in kept_bf16} == tuning.SHORT_SEQUENCE_CANDIDATES["fwd"]
 
 
 @pytest.mark.parametrize("kind", ["fwd", "bwd"])
@@ -245,7 +246,24 @@ def test_vit_lengths_autotune_over_the_short_sequence_candidates_only(kind):
     short = kept(256, 2048)
     assert len(short) == {"fwd": 8, "bwd": 10}[kind]
     assert {tuning.config_tuple(c) for c in short} == tuning.SHORT_SEQUENCE_CANDIDATES[kind]
-    assert kept(2048, 4096) == configs  # one long side is enough to try every tile
+    # one long side is enough for the long-sequence rule: the heuristic tile alone
+    assert [tuning.config_tuple(c) for c in kept(2048, 4096)] == [
+        {"fwd": (128, 64, 8, 3), "bwd": (64, 64, 4, 2)}[kind]]
+
+
+@pytest.mark.parametrize("kind", ["fwd", "bwd"])
+@pytest.mark.parametrize("dtype, head_dim, expected", [
+    (torch.bfloat16, 64, {"fwd": (128, 64, 8, 3), "bwd": (64, 64, 4, 2)}),
+    (torch.bfloat16, 128, {"fwd": (128, 64, 8, 3), "bwd": (64, 64, 4, 2)}),
+    (torch.bfloat16, 256, {"fwd": (64, 32, 4, 2), "bwd": (64, 32, 4, 2)}),
+    (torch.float32, 64, {"fwd": (64, 32, 4, 2), "bwd": (64, 32, 4, 2)}),
+])
+def test_long_sequences_run_the_heuristic_tiles(kind, dtype, head_dim, expected):
+    configs = tuning.autotune_configs(kind)
+    named_args = {"Q": torch.empty(1, 1, 1, head_dim, dtype=dtype), "d_s": head_dim, "d_t": head_dim,
+                  "N_Q_BUCKET": 8192, "N_K_BUCKET": 8192}
+    kept = tuning.prune_configs(configs, named_args, kind=kind)
+    assert [tuning.config_tuple(c) for c in kept] == [expected[kind]]
 
 
 def test_autotuned_kernels_keep_results_on_disk_and_time_gpu_only(monkeypatch):
