@@ -22,12 +22,12 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from _harness.distributed import start_process_group
 from _harness.measure import PeakMemory, relative_error, sync
 from _harness.options import DTYPES
 from _harness.report import (
@@ -36,8 +36,6 @@ from _harness.report import (
 from cl_streamkl import attention_kl, attention_kl_reference
 from cl_streamkl.distributed import attention_kl_key_sharded
 
-# A hang (a rank that died) ends the job within this, inside the run's three minutes.
-GROUP_TIMEOUT = timedelta(seconds=150)
 # check_gpu.py's bounds for the kernels against float64; the sharded result against one GPU
 # is held to the same (its gradients add two partial sums rounded to the inputs' dtype).
 VALUE_BOUND, GRAD_BOUND = 1e-4, 2e-2
@@ -217,13 +215,7 @@ def main() -> int:
     args = parse_args()
     # Before the kernels are first imported (see the module docstring).
     os.environ.setdefault("CL_STREAMKL_AUTOTUNE", "0")
-    if args.smoke:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo", timeout=GROUP_TIMEOUT)
-    else:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", timeout=GROUP_TIMEOUT, device_id=device)
+    device = start_process_group(args.smoke)
     from cl_streamkl.kernels.triton import INTERPRETING
     from cl_streamkl.kernels.triton.tuning import AUTOTUNE
 

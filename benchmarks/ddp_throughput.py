@@ -20,18 +20,16 @@ import subprocess
 import sys
 import tempfile
 import warnings
-from datetime import timedelta
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from _harness.distributed import start_process_group
 from _harness.report import aligned, cell, describe_environment, environment_line, header_line, run_settings, write_json
 from _harness.vit_training import DEFAULT_MODEL, TINY_MODEL_KWARGS, Trainer, build_distiller, build_model, time_steps
 
-# A rank that died or hangs ends its run within this, inside the three minutes of both runs.
-GROUP_TIMEOUT = timedelta(seconds=150)
 TARGET_SCALING = 1.85
 TABLE = [("GPUs", 4), ("batch/GPU", 9), ("step ms", 8), ("images/s", 9), ("scaling", 7), ("peak GiB/GPU", 12)]
 
@@ -71,13 +69,7 @@ def print_table(rows: list[dict]) -> None:
 
 def measure(args: argparse.Namespace) -> int:
     """This rank's part of one world size's measurement; rank 0 prints the row and writes the JSON."""
-    if args.smoke:
-        device = torch.device("cpu")
-        dist.init_process_group("gloo", timeout=GROUP_TIMEOUT)
-    else:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-        dist.init_process_group("nccl", timeout=GROUP_TIMEOUT, device_id=device)
+    device = start_process_group(args.smoke)
     # timm's class token (1, 1, D) gets a gradient strided along its size-1 dimensions; DDP
     # copies those D numbers into its bucket and would warn about it.
     warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides")
