@@ -6,9 +6,7 @@ cheaply; the datasets and streams, which need torch and Avalanche, are imported 
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from cl_streamkl._lazy import lazy_attributes
 from cl_streamkl.data.registry import DATASETS, DOMAIN_SHIFTS, SCENARIOS, build_stream, load_splits
 
 __all__ = [
@@ -35,7 +33,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)

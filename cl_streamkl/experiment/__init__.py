@@ -6,9 +6,7 @@ its help from them); everything that trains is imported on first use.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
+from cl_streamkl._lazy import lazy_attributes
 from cl_streamkl.experiment.config import DEFAULT_STRATEGIES, STRATEGY_COMPONENTS, ExperimentConfig
 
 __all__ = [
@@ -39,7 +37,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)

@@ -8,8 +8,7 @@ distillers work where Avalanche is not installed.
 
 from __future__ import annotations
 
-from typing import Any
-
+from cl_streamkl._lazy import lazy_attributes
 from cl_streamkl.strategies.distiller import AttentionDistiller
 from cl_streamkl.strategies.pooled_attention import PooledAttentionDistiller, pooled_attention_distance
 from cl_streamkl.strategies.teacher import frozen_copy
@@ -37,9 +36,4 @@ _AVALANCHE_NAMES = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    if name in _AVALANCHE_NAMES:
-        import importlib
-
-        return getattr(importlib.import_module(_AVALANCHE_NAMES[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _AVALANCHE_NAMES)
