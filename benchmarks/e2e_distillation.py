@@ -43,7 +43,8 @@ from _harness.vit_training import (
     random_batch,
     time_steps,
 )
-from cl_streamkl import QKCapture, attention_kl_reference
+from cl_streamkl import attention_kl_reference
+from cl_streamkl.capture import QKCapture
 from cl_streamkl.strategies import frozen_copy
 
 METHOD_LABELS = {

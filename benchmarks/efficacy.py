@@ -113,7 +113,7 @@ def unit_config(unit: Unit, regime: str, device: str, out: Path) -> Any:
 @functools.lru_cache(maxsize=None)
 def _splits(dataset: str, image_size: int, split_seed: int) -> Any:
     """Each worker loads (and resizes) a dataset once for all its units."""
-    from cl_streamkl.data import load_splits
+    from cl_streamkl.experiment.data import load_splits
 
     return load_splits(dataset, data_root=None, image_size=image_size, split_seed=split_seed)
 

@@ -32,7 +32,8 @@ from torch import nn
 from _harness.measure import PeakMemory
 from _harness.options import DTYPES
 from _harness.report import describe_environment, environment_line, write_json
-from cl_streamkl import QKCapture, attention_kl_reference
+from cl_streamkl import attention_kl_reference
+from cl_streamkl.capture import QKCapture
 from cl_streamkl.strategies import AttentionDistiller
 
 NUM_CLASSES = 10

@@ -43,7 +43,7 @@ from _harness.vit_training import (
     random_batch,
     time_steps,
 )
-from cl_streamkl import QKCapture
+from cl_streamkl.capture import QKCapture
 from cl_streamkl.capture import graph_reads_disabled
 from cl_streamkl.strategies import AttentionDistiller, frozen_copy
 

@@ -1,21 +1,22 @@
-"""cl-streamkl: streaming attention-KL distillation for continual learning with vision transformers."""
+"""cl-streamkl: streaming attention-KL distillation for continual learning with vision transformers.
+
+The package itself is the op and needs torch and triton alone. The wings add what their
+audiences need, each behind a pip extra: :mod:`cl_streamkl.capture` (``[capture]``, timm),
+:mod:`cl_streamkl.strategies` (``[strategies]``, Avalanche) and :mod:`cl_streamkl.experiment`
+(``[experiment]``, the command line and its data).
+"""
 
 from cl_streamkl.attention_kl import AttentionKLDivLoss, attention_kl, attention_kl_grouped
-from cl_streamkl.capture import CompiledQK, QKCapture, TeacherQK, register_qk_extractor
+from cl_streamkl.distributed.context_parallel import attention_kl_key_sharded
 from cl_streamkl.kernels.reference import attention_kl_reference
-from cl_streamkl.strategies.distiller import AttentionDistiller
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "AttentionDistiller",
     "AttentionKLDivLoss",
-    "CompiledQK",
-    "QKCapture",
-    "TeacherQK",
     "__version__",
     "attention_kl",
     "attention_kl_grouped",
+    "attention_kl_key_sharded",
     "attention_kl_reference",
-    "register_qk_extractor",
 ]

@@ -2,6 +2,6 @@
 
 import sys
 
-from cl_streamkl.cli import main
+from cl_streamkl.experiment.cli import main
 
 sys.exit(main())

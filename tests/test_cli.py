@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cl_streamkl import cli
+from cl_streamkl.experiment import cli
 from cl_streamkl.experiment import runner
 
 TINY = ["--model-kwargs", "depth=1", "embed_dim=16", "num_heads=2", "--image-size", "8",
@@ -275,7 +275,7 @@ def test_help_lists_strategies_and_datasets(capsys):
 
 
 def test_compile_teacher_flag_reaches_the_plugin():
-    from cl_streamkl.cli import _config_from_args, build_parser
+    from cl_streamkl.experiment.cli import _config_from_args, build_parser
     from cl_streamkl.experiment.strategy_plugins import build_plugins
 
     args = build_parser().parse_args(["run", *TINY, "--strategies", "streamkl", "--compile-teacher"])
@@ -421,7 +421,7 @@ def test_loggers_write_under_out_without_changing_results(tmp_path):
 
 
 def test_help_imports_no_heavy_library_and_prints_no_warning():
-    code = ("import sys\nfrom cl_streamkl.cli import main\nassert main(['run', '--help']) == 0\n"
+    code = ("import sys\nfrom cl_streamkl.experiment.cli import main\nassert main(['run', '--help']) == 0\n"
             "print(sorted(m for m in ('avalanche', 'timm', 'matplotlib', 'sklearn', 'torchvision', 'scipy', "
             "'triton') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,

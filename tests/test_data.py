@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from cl_streamkl.data import build_stream, load_splits
+from cl_streamkl.experiment.data import build_stream, load_splits
 
 
 def _images_of(dataset) -> torch.Tensor:

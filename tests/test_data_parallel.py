@@ -37,11 +37,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from cl_streamkl import cli
+from cl_streamkl.experiment import cli
 from cl_streamkl.experiment.config import ExperimentConfig
-from cl_streamkl.experiment.data_parallel import DataParallel, start_data_parallel
+from cl_streamkl.distributed.data_parallel import DataParallel, start_data_parallel
 from cl_streamkl.experiment.preflight import check_data_parallel
-from cl_streamkl.experiment.sharding import BatchShards, sharded_loader
+from cl_streamkl.distributed.sharding import BatchShards, sharded_loader
 from cl_streamkl.experiment.strategy_plugins import DataParallelLwFPlugin
 from cl_streamkl.strategies import StreamKLPlugin
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 from avalanche.training.plugins import EWCPlugin, LwFPlugin
 
-from cl_streamkl.data import build_stream, load_splits
+from cl_streamkl.experiment.data import build_stream, load_splits
 from cl_streamkl.experiment.checkpoint import RunIdentity, load_checkpoint, rng_state, save_checkpoint, set_rng_state
 from cl_streamkl.experiment.config import ExperimentConfig, strategy_components
 from cl_streamkl.experiment.model import build_model

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from cl_streamkl.data import build_stream, load_splits
-from cl_streamkl.data.stream import domain_shift, experience_sizes
+from cl_streamkl.experiment.data import build_stream, load_splits
+from cl_streamkl.experiment.data.stream import domain_shift, experience_sizes
 from cl_streamkl.experiment.model import build_model
 from cl_streamkl.experiment.task_heads import MultiHeadViT
 

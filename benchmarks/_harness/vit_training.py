@@ -20,7 +20,7 @@ from torch import nn
 
 from _harness.measure import PeakMemory, sync
 from _harness.options import KL_IMPLEMENTATIONS
-from cl_streamkl import TeacherQK
+from cl_streamkl.capture import TeacherQK
 from cl_streamkl.kernels import eager_attention_kl
 from cl_streamkl.strategies import AttentionDistiller
 

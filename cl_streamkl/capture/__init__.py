@@ -12,24 +12,25 @@ One job per module:
   turns that off for a ``with`` block.
 * :mod:`~cl_streamkl.capture.compiled`: :class:`CompiledQK`, a frozen teacher's Q/K from
   one ``torch.compile``'d forward.
+
+Needs timm (``pip install "cl-streamkl[capture]"``): its attention classes are the ones read.
 """
 
-from cl_streamkl.capture.compiled import CompiledQK, TeacherQK
-from cl_streamkl.capture.context import QKCapture
-from cl_streamkl.capture.extractors import (
+from cl_streamkl._extras import require_extra
+
+require_extra(__name__, "capture", {"timm": "timm"})
+
+from cl_streamkl.capture.compiled import CompiledQK, TeacherQK  # noqa: E402 (after the check)
+from cl_streamkl.capture.context import QKCapture  # noqa: E402
+from cl_streamkl.capture.extractors import (  # noqa: E402
     QKExtractor,
     RecordQK,
     attention_product_extractor,
     qk_extractor_for,
     register_qk_extractor,
 )
-from cl_streamkl.capture.graph_reads import graph_reads_disabled
-from cl_streamkl.capture.layers import (
-    LayerSpec,
-    find_attention_modules,
-    resolve_layer_indices,
-    unwrap_data_parallel,
-)
+from cl_streamkl.capture.graph_reads import graph_reads_disabled  # noqa: E402
+from cl_streamkl.capture.layers import LayerSpec, find_attention_modules, resolve_layer_indices  # noqa: E402
 
 __all__ = [
     "CompiledQK",
@@ -44,5 +45,4 @@ __all__ = [
     "qk_extractor_for",
     "register_qk_extractor",
     "resolve_layer_indices",
-    "unwrap_data_parallel",
 ]

@@ -13,28 +13,16 @@ from collections.abc import Sequence
 from typing import Union
 
 from torch import nn
-from torch.nn.parallel import DataParallel, DistributedDataParallel
 
 from cl_streamkl.capture.extractors import qk_extractor_for, qualified_type_name
+from cl_streamkl.distributed.data_parallel import unwrap_data_parallel
 
-__all__ = ["LayerSpec", "check_layer_spec", "find_attention_modules", "resolve_layer_indices", "unwrap_data_parallel"]
+__all__ = ["LayerSpec", "check_layer_spec", "find_attention_modules", "resolve_layer_indices"]
 
 LayerSpec = Union[str, int, Sequence[int]]
 """Which blocks to capture: ``"all"``, an int ``n`` (the last n blocks) or a list of
 block indices (negative indices count from the end), as in timm's
 ``forward_intermediates(indices=...)``."""
-
-
-def unwrap_data_parallel(model: nn.Module) -> nn.Module:
-    """The module a ``DistributedDataParallel`` (or ``DataParallel``) wrapper holds; any other model as it is.
-
-    The wrapper's forward runs this module, so hooks on its attention modules see every
-    forward through the wrapper; a snapshot (a teacher) copies this module, never the
-    wrapper with its process group and gradient reducer.
-    """
-    while isinstance(model, (DistributedDataParallel, DataParallel)):
-        model = model.module
-    return model
 
 
 def _looks_like_attention(module: nn.Module) -> bool:

@@ -1,9 +1,32 @@
-"""StreamKL across processes: context parallelism over keys sharded in a process group.
+"""StreamKL across processes: everything a run over several processes needs, on torch alone.
 
-Kept out of the top-level ``cl_streamkl`` namespace, as torch keeps its collectives under
-``torch.distributed``: the single-device API stays free of process-group concerns.
+* :mod:`~cl_streamkl.distributed.context_parallel`: :func:`attention_kl_key_sharded`, the op
+  over keys sharded in a process group (context parallelism).
+* :mod:`~cl_streamkl.distributed.data_parallel`: the process group torchrun describes
+  (:class:`DataParallel`, :func:`start_data_parallel`), and :func:`unwrap_data_parallel`.
+* :mod:`~cl_streamkl.distributed.sharding`: each rank's share of every batch (:class:`BatchShards`).
+
+Kept out of the top-level namespace (but for :func:`attention_kl_key_sharded`), as torch
+keeps its collectives under ``torch.distributed``.
 """
 
 from cl_streamkl.distributed.context_parallel import attention_kl_key_sharded
+from cl_streamkl.distributed.data_parallel import (
+    DataParallel,
+    resolve_device,
+    start_data_parallel,
+    stop_data_parallel,
+    unwrap_data_parallel,
+)
+from cl_streamkl.distributed.sharding import BatchShards, sharded_loader
 
-__all__ = ["attention_kl_key_sharded"]
+__all__ = [
+    "BatchShards",
+    "DataParallel",
+    "attention_kl_key_sharded",
+    "resolve_device",
+    "sharded_loader",
+    "start_data_parallel",
+    "stop_data_parallel",
+    "unwrap_data_parallel",
+]

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from cl_streamkl.data.registry import DATASETS, DOMAIN_SHIFTS, EVAL_SPLITS, SCENARIOS
+from cl_streamkl.experiment.data.names import DATASETS, DOMAIN_SHIFTS, EVAL_SPLITS, SCENARIOS
 
 # What a strategy name combines with "+": "naive" or "joint" alone, or any of these (e.g. "lwf+streamkl").
 STRATEGY_COMPONENTS = ("lwf", "ewc", "replay", "wa", "streamkl", "pad")
@@ -23,8 +23,6 @@ AMP_MODES = ("none", "bf16", "fp16")
 # Avalanche loggers --log can add (see cl_streamkl.experiment.loggers).
 LOGGERS = ("tensorboard", "csv", "wandb")
 DEVICES = ("auto", "cpu", "cuda")
-# How long a process of a data-parallel run waits for the others in one collective (torch's NCCL default).
-DIST_TIMEOUT_S = 600.0
 DEFAULT_MODEL = "vit_tiny_patch16_224"
 # A 4-block, 64-wide ViT; with 32 px images and 8 px patches (16 tokens, each 2×2 digit pixels)
 # it learns each Split-Digits experience in a few seconds on two CPU cores.

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from cl_streamkl.experiment.data_parallel import DataParallel
+from cl_streamkl.distributed.data_parallel import DataParallel
 from cl_streamkl.experiment.template import autocast
 
 

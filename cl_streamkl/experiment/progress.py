@@ -8,7 +8,7 @@ import torch
 from avalanche.training.plugins import SupervisedPlugin
 from tqdm.auto import tqdm
 
-from cl_streamkl.experiment.data_parallel import DataParallel
+from cl_streamkl.distributed.data_parallel import DataParallel
 
 
 class ProgressPlugin(SupervisedPlugin, supports_distributed=True):

@@ -16,7 +16,7 @@ from avalanche.benchmarks.utils.utils import concat_datasets
 from avalanche.training.plugins.clock import Clock
 from torch import nn
 
-from cl_streamkl.data.stream import ExperienceStream, LabeledSplits
+from cl_streamkl.experiment.data.stream import ExperienceStream, LabeledSplits
 from cl_streamkl.experiment.accuracy_matrix import (
     average_accuracy_per_experience, average_forgetting, backward_transfer, final_average_accuracy,
     learning_accuracy,
@@ -25,7 +25,7 @@ from cl_streamkl.experiment.checkpoint import (
     RunIdentity, load_checkpoint, rng_state, save_checkpoint, seed_everything, set_rng_state,
 )
 from cl_streamkl.experiment.config import JOINT, ExperimentConfig
-from cl_streamkl.experiment.data_parallel import DataParallel, resolve_device
+from cl_streamkl.distributed.data_parallel import DataParallel, resolve_device
 from cl_streamkl.experiment.evaluation import accuracy_per_experience
 from cl_streamkl.experiment.loggers import build_evaluator, build_loggers, close_loggers
 from cl_streamkl.experiment.memory import PeakMemory
@@ -307,7 +307,7 @@ def run_experiment(
             :func:`~cl_streamkl.experiment.preflight.check_experiment` (run here when None).
         loggers: Avalanche loggers to feed (see :mod:`cl_streamkl.experiment.loggers`).
         data_parallel: this process's place in a data-parallel run (from
-            :func:`~cl_streamkl.experiment.data_parallel.start_data_parallel`); default:
+            :func:`~cl_streamkl.distributed.data_parallel.start_data_parallel`); default:
             a single process on ``config.device``.
 
     Returns:

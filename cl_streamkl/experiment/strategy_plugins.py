@@ -11,11 +11,11 @@ from typing import Any
 
 from avalanche.training.plugins import EWCPlugin, LwFPlugin, ReplayPlugin, SupervisedPlugin
 
-from cl_streamkl.capture.layers import unwrap_data_parallel
-from cl_streamkl.data.stream import ExperienceStream
+from cl_streamkl.distributed import unwrap_data_parallel
+from cl_streamkl.experiment.data.stream import ExperienceStream
 from cl_streamkl.experiment.config import ExperimentConfig, strategy_components
 from cl_streamkl.experiment.replay_buffer import SeededExperienceBuffer
-from cl_streamkl.experiment.sharding import ShardedReplayDataLoader
+from cl_streamkl.experiment.sharded_loaders import ShardedReplayDataLoader
 
 
 class DataParallelLwFPlugin(LwFPlugin, supports_distributed=True):
@@ -45,7 +45,7 @@ class ShardedReplayPlugin(ReplayPlugin, supports_distributed=True):
     """Avalanche's replay, whose batches (new data and replayed samples) are split over the ranks.
 
     The same batches as Avalanche's ``ReplayPlugin`` draws in one process; each rank loads
-    its share (:class:`~cl_streamkl.experiment.sharding.ShardedReplayDataLoader`, the
+    its share (:class:`~cl_streamkl.experiment.sharded_loaders.ShardedReplayDataLoader`, the
     template's ``batch_shards``).
     """
 

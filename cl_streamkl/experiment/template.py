@@ -10,8 +10,9 @@ import torch
 from avalanche.training.plugins import EvaluationPlugin
 from avalanche.training.templates import SupervisedTemplate
 
-from cl_streamkl.experiment.data_parallel import DataParallel
-from cl_streamkl.experiment.sharding import BatchShards, ShardedTaskBalancedDataLoader, sharded_loader
+from cl_streamkl.distributed.data_parallel import DataParallel
+from cl_streamkl.distributed.sharding import BatchShards, sharded_loader
+from cl_streamkl.experiment.sharded_loaders import ShardedTaskBalancedDataLoader
 
 AMP_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -39,9 +40,9 @@ class AmpSupervisedTemplate(SupervisedTemplate):
     prints its own progress.
 
     Data parallel: pass the model wrapped in ``DistributedDataParallel`` and the run's
-    :class:`~cl_streamkl.experiment.data_parallel.DataParallel`. ``train_mb_size`` is the
+    :class:`~cl_streamkl.distributed.data_parallel.DataParallel`. ``train_mb_size`` is the
     global batch: the training loaders draw the batches one process would and load each
-    rank's share of them (:mod:`~cl_streamkl.experiment.sharding`), and backward weights
+    rank's share of them (:mod:`~cl_streamkl.distributed.sharding`), and backward weights
     each rank's loss so that DDP's average is the whole batch's gradient. Every epoch
     starts from rank 0's random-number state, so the ranks agree on the batch order.
 

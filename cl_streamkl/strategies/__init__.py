@@ -1,17 +1,23 @@
 """Continual-learning strategies built on attention distillation, and the comparators they meet.
 
-:class:`AttentionDistiller` (StreamKL) and :class:`PooledAttentionDistiller` (PAD) are
-framework-free. The Avalanche plugins (:class:`StreamKLPlugin`, :class:`PADPlugin`,
-:class:`WeightAlignPlugin`) and the penalty metrics are imported on first use, so the
-distillers work where Avalanche is not installed.
+:class:`AttentionDistiller` (StreamKL) and :class:`PooledAttentionDistiller` (PAD) do the
+work and know nothing of Avalanche; the Avalanche plugins (:class:`StreamKLPlugin`,
+:class:`PADPlugin`, :class:`WeightAlignPlugin`) and the penalty metrics adapt them to its
+training loop.
+
+Needs Avalanche and timm (``pip install "cl-streamkl[strategies]"``).
 """
 
-from __future__ import annotations
+from cl_streamkl._extras import require_extra
 
-from cl_streamkl._lazy import lazy_attributes
-from cl_streamkl.strategies.distiller import AttentionDistiller
-from cl_streamkl.strategies.pooled_attention import PooledAttentionDistiller, pooled_attention_distance
-from cl_streamkl.strategies.teacher import frozen_copy
+require_extra(__name__, "strategies", {"avalanche": "avalanche-lib", "timm": "timm"})
+
+from cl_streamkl.strategies.distiller import AttentionDistiller  # noqa: E402 (after the check)
+from cl_streamkl.strategies.penalty_metrics import StreamKLPenaltyMetric, streamkl_penalty_metrics  # noqa: E402
+from cl_streamkl.strategies.plugin import AttentionDistillationPlugin, PADPlugin, StreamKLPlugin  # noqa: E402
+from cl_streamkl.strategies.pooled_attention import PooledAttentionDistiller, pooled_attention_distance  # noqa: E402
+from cl_streamkl.strategies.teacher import frozen_copy  # noqa: E402
+from cl_streamkl.strategies.weight_aligning import WeightAlignPlugin  # noqa: E402
 
 __all__ = [
     "AttentionDistillationPlugin",
@@ -25,15 +31,3 @@ __all__ = [
     "pooled_attention_distance",
     "streamkl_penalty_metrics",
 ]
-
-_AVALANCHE_NAMES = {
-    "AttentionDistillationPlugin": "cl_streamkl.strategies.plugin",
-    "PADPlugin": "cl_streamkl.strategies.plugin",
-    "StreamKLPlugin": "cl_streamkl.strategies.plugin",
-    "WeightAlignPlugin": "cl_streamkl.strategies.weight_aligning",
-    "StreamKLPenaltyMetric": "cl_streamkl.strategies.penalty_metrics",
-    "streamkl_penalty_metrics": "cl_streamkl.strategies.penalty_metrics",
-}
-
-
-__getattr__ = lazy_attributes(__name__, _AVALANCHE_NAMES)

@@ -37,7 +37,8 @@ from torch import nn
 from cl_streamkl.attention_kl import attention_kl, attention_kl_grouped
 from cl_streamkl.capture import CompiledQK, LayerSpec, QKCapture, TeacherQK
 from cl_streamkl.capture.compiled import check_compile_options
-from cl_streamkl.capture.layers import check_layer_spec, find_attention_modules, unwrap_data_parallel
+from cl_streamkl.capture.layers import check_layer_spec, find_attention_modules
+from cl_streamkl.distributed import unwrap_data_parallel
 from cl_streamkl.kernels.validation import check_options
 from cl_streamkl.strategies.teacher import frozen_copy, named_tensors, restore_frozen_copy
 

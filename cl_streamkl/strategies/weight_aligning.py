@@ -16,7 +16,7 @@ import torch
 from avalanche.training.plugins import SupervisedPlugin
 from torch import nn
 
-from cl_streamkl.capture.layers import unwrap_data_parallel
+from cl_streamkl.distributed import unwrap_data_parallel
 
 __all__ = ["WeightAlignPlugin", "align_weights"]
 

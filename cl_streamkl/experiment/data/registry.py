@@ -1,4 +1,4 @@
-"""Dataset and scenario names the CLI accepts, their defaults, and one entry point to build a stream.
+"""One entry point to load a dataset by name and one to split it into a stream.
 
 Importing this module is cheap (no torch, Avalanche or loaders): the command line builds
 its help from it. The loaders are imported when data is loaded.
@@ -6,36 +6,13 @@ its help from it. The loaders are imported when data is loaded.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cl_streamkl.experiment.data.names import DATASETS
+
 if TYPE_CHECKING:
-    from cl_streamkl.data.stream import ExperienceStream, LabeledSplits
-
-EVAL_SPLITS = ("test", "val")
-SCENARIOS = ("class", "task", "domain")
-DOMAIN_SHIFTS = ("rotate", "permute")
-
-
-@dataclass(frozen=True)
-class DatasetInfo:
-    """Defaults of one dataset: experiences, native image side, whether it reads --data-root."""
-
-    n_experiences: int
-    native_size: int | None
-    needs_root: bool
-
-
-DATASETS: dict[str, DatasetInfo] = {
-    "digits": DatasetInfo(n_experiences=5, native_size=8, needs_root=False),
-    "mnist5k": DatasetInfo(n_experiences=5, native_size=28, needs_root=False),
-    "cifar10": DatasetInfo(n_experiences=5, native_size=32, needs_root=True),
-    "cifar100": DatasetInfo(n_experiences=10, native_size=32, needs_root=True),
-    "tiny-imagenet": DatasetInfo(n_experiences=10, native_size=64, needs_root=True),
-    "imagefolder": DatasetInfo(n_experiences=5, native_size=None, needs_root=True),
-}
-
+    from cl_streamkl.experiment.data.stream import ExperienceStream, LabeledSplits
 
 def load_splits(
     name: str,
@@ -65,7 +42,7 @@ def load_splits(
     if in_chans is not None and name != "imagefolder":
         raise ValueError(f"in_chans can only be chosen for 'imagefolder'; {name!r} has fixed channels")
     if name in ("digits", "mnist5k"):
-        from cl_streamkl.data.bundled import load_digits, load_mnist5k
+        from cl_streamkl.experiment.data.bundled import load_digits, load_mnist5k
 
         loader = load_digits if name == "digits" else load_mnist5k
         return loader(image_size=image_size, split_seed=split_seed)
@@ -75,16 +52,16 @@ def load_splits(
     if not root.exists() and not download:
         raise ValueError(f"data root {str(root)!r} does not exist (pass --download to fetch {name})")
     if name in ("cifar10", "cifar100"):
-        from cl_streamkl.data.cifar import load_cifar
+        from cl_streamkl.experiment.data.cifar import load_cifar
 
         return load_cifar(name, root, image_size=image_size, download=download)
     if name == "tiny-imagenet":
-        from cl_streamkl.data.tiny_imagenet import load_tiny_imagenet
+        from cl_streamkl.experiment.data.tiny_imagenet import load_tiny_imagenet
 
         return load_tiny_imagenet(root, image_size=image_size, download=download)
     if download:
         raise ValueError("imagefolder data cannot be downloaded; point --data-root at your folder")
-    from cl_streamkl.data.image_folder import load_image_folder
+    from cl_streamkl.experiment.data.image_folder import load_image_folder
 
     return load_image_folder(root, image_size=image_size, in_chans=in_chans or 3,
                              split_seed=split_seed)
@@ -106,12 +83,12 @@ def build_stream(
     """Split loaded data into a ``scenario`` stream; ``n_experiences=None`` takes the dataset default.
 
     ``first_experience_classes`` applies to ``class`` and ``task``; ``image_size``,
-    ``domain_shift`` and ``rotation_step`` to ``domain`` (see :mod:`cl_streamkl.data.stream`).
+    ``domain_shift`` and ``rotation_step`` to ``domain`` (see :mod:`cl_streamkl.experiment.data.stream`).
 
     Raises:
         ValueError: unknown scenario, or options that do not fit it or the data.
     """
-    from cl_streamkl.data.stream import split_class_incremental, split_domain_incremental
+    from cl_streamkl.experiment.data.stream import split_class_incremental, split_domain_incremental
 
     if n_experiences is None:
         n_experiences = DATASETS[splits.name].n_experiences

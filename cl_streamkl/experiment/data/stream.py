@@ -22,8 +22,7 @@ from avalanche.benchmarks.utils.data import AvalancheDataset
 from torch.utils.data import Dataset
 from torchvision.transforms.v2 import functional as TF
 
-# The names live in the registry, which the command line imports without torch or Avalanche.
-from cl_streamkl.data.registry import DOMAIN_SHIFTS, EVAL_SPLITS, SCENARIOS  # noqa: F401 (re-exported)
+from cl_streamkl.experiment.data.names import DOMAIN_SHIFTS, EVAL_SPLITS
 
 
 @dataclass

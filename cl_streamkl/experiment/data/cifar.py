@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from cl_streamkl.data.images import TensorImages
-from cl_streamkl.data.stream import LabeledSplits
+from cl_streamkl.experiment.data.images import TensorImages
+from cl_streamkl.experiment.data.stream import LabeledSplits
 
 VARIANTS = ("cifar10", "cifar100")
 

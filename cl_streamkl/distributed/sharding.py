@@ -11,7 +11,7 @@ without a sample, when a batch holds fewer samples than there are ranks, compute
 batch's first sample with weight 0, since every rank takes part in every step.
 
 The loaders Avalanche builds for task-labelled experiences and for replay get the same
-treatment through :class:`ShardedTaskBalancedDataLoader` and :class:`ShardedReplayDataLoader`.
+treatment in :mod:`cl_streamkl.experiment.sharded_loaders`.
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Sized
 from typing import Any
 
-from avalanche.benchmarks.utils.data_loader import ReplayDataLoader, TaskBalancedDataLoader
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, Sampler, SequentialSampler
 
-__all__ = ["BatchShards", "ShardedReplayDataLoader", "ShardedTaskBalancedDataLoader", "sharded_loader"]
+__all__ = ["BatchShards", "ShardedBatchSampler", "sharded_loader"]
 
 
 class BatchShards:
@@ -97,33 +96,3 @@ def sharded_loader(dataset: Dataset, shards: BatchShards, *, batch_size: int, sh
     order = RandomSampler(dataset) if shuffle else SequentialSampler(dataset)
     batches = BatchSampler(order, batch_size=batch_size, drop_last=drop_last)
     return DataLoader(dataset, batch_sampler=shards.sampler(batches), **loader_args)
-
-
-class _ShardedMultiDatasetLoader:
-    """For Avalanche's multi-dataset loaders: their whole batches, drawn as in one process, split by ``shards``.
-
-    The loader is built without Avalanche's own distributed sampling (a
-    ``DistributedSampler`` per dataset, which pads datasets with repeated samples and
-    shuffles every epoch the same way); its batch sampler is wrapped instead.
-    """
-
-    def __init__(self, *args: Any, shards: BatchShards, **kwargs: Any) -> None:
-        self.shards = shards
-        super().__init__(*args, distributed_sampling=False, **kwargs)
-
-    def _make_pytorch_loader(self, datasets: Any, batch_sampler: Sampler[list[int]]) -> DataLoader:
-        return super()._make_pytorch_loader(datasets, self.shards.sampler(batch_sampler))
-
-
-class ShardedTaskBalancedDataLoader(_ShardedMultiDatasetLoader, TaskBalancedDataLoader):
-    """Avalanche's ``TaskBalancedDataLoader`` (task-labelled experiences), each rank loading its share.
-
-    Takes ``TaskBalancedDataLoader``'s arguments (but ``distributed_sampling``) and ``shards``.
-    """
-
-
-class ShardedReplayDataLoader(_ShardedMultiDatasetLoader, ReplayDataLoader):
-    """Avalanche's ``ReplayDataLoader`` (new data and replayed samples), each rank loading its share.
-
-    Takes ``ReplayDataLoader``'s arguments (but ``distributed_sampling``) and ``shards``.
-    """
