@@ -3,7 +3,7 @@
 For each N (default 65536 and 131072), inputs (1, 12, N, 64) bf16 with a frozen teacher; every
 rank holds all queries and N / world keys. Checks the sharded KL and gradients against one GPU
 and float64, then times both (fixed repetitions, the slowest rank's) and reads the peak memory
-per GPU. The kernels use the heuristic tiles (CL_STREAMKL_AUTOTUNE=0 unless set); why, and why
+per GPU. The kernels use the heuristic tiles (autotuned with --autotune); why, and why
 fixed repetitions: BENCHMARKS.md (Method, Several GPUs).
 Out of memory on one GPU is reported as OOM; in the sharded run it ends the job (the other
 ranks are waiting in a collective).
@@ -17,7 +17,6 @@ Usage, from the repository root (NCCL, one GPU per rank; exits 1 if a check fail
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -35,6 +34,7 @@ from _harness.report import (
 )
 from cl_streamkl import attention_kl, attention_kl_reference
 from cl_streamkl.distributed import attention_kl_key_sharded
+from cl_streamkl.kernels.config import set_kernel_options
 
 # check_gpu.py's bounds for the kernels against float64; the sharded result against one GPU
 # is held to the same (its gradients add two partial sums rounded to the inputs' dtype).
@@ -52,6 +52,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=1, help="untimed calls before timing")
     parser.add_argument("--reps", type=int, default=5, help="timed calls (the median is reported)")
     parser.add_argument("--check-rows", type=int, default=64, help="query rows compared with float64")
+    parser.add_argument("--autotune", action="store_true", help="autotune the tiles (default: heuristic tiles)")
     parser.add_argument("--smoke", action="store_true", help="gloo on the CPU at tiny sizes")
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write results here")
     parser.add_argument("--commit", default=None, help="commit to print when the tree has no .git")
@@ -213,11 +214,9 @@ def format_row(row: dict) -> str:
 
 def main() -> int:
     args = parse_args()
-    # Before the kernels are first imported (see the module docstring).
-    os.environ.setdefault("CL_STREAMKL_AUTOTUNE", "0")
+    set_kernel_options(autotune=args.autotune)
     device = start_process_group(args.smoke)
     from cl_streamkl.kernels.triton import INTERPRETING
-    from cl_streamkl.kernels.triton.tuning import AUTOTUNE
 
     rank, world = dist.get_rank(), dist.get_world_size()
     if any(n % world for n in args.seqs):
@@ -227,7 +226,7 @@ def main() -> int:
     if rank == 0:
         print("# " + environment_line(environment))
         print(f"# {world} ranks ({dist.get_backend()}), backend {backend}, "
-              f"tiles {'autotuned' if AUTOTUNE else 'heuristic'}, {args.dtype}, "
+              f"tiles {'autotuned' if args.autotune else 'heuristic'}, {args.dtype}, "
               f"B=1 H={args.heads} D={args.head_dim}, frozen teacher")
     checks, rows = [], []
     for n in args.seqs:

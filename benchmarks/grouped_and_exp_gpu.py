@@ -17,7 +17,7 @@ Three parts, in this order:
     only dq can).
 
 The tables of (b) and (c) come last; --json writes everything. Autotuning is off unless
---autotune: CL_STREAMKL_AUTOTUNE=0 gives every implementation and variant the fixed heuristic
+--autotune: kernel_options' autotune=False gives every implementation and variant the fixed heuristic
 tiles (forward 128x64, backward 64x64 at bf16), so the ~40 kernel variants compile once each
 and the run stays within about 4 minutes on an H200; with --autotune the first run compiles
 every candidate tile of every variant (many minutes).
@@ -39,11 +39,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 if __name__ == "__main__":
-    # Both must be set before triton and cl_streamkl are imported.
+    # Before triton is imported.
     if "--smoke" in sys.argv:
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    if "--autotune" not in sys.argv:
-        os.environ.setdefault("CL_STREAMKL_AUTOTUNE", "0")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -51,7 +49,7 @@ import triton  # noqa: E402
 import triton.testing  # noqa: E402
 
 from cl_streamkl import attention_kl, attention_kl_grouped, attention_kl_reference  # noqa: E402
-from cl_streamkl.kernels.triton import EXP2_VARIANTS, use_kernel_variant  # noqa: E402
+from cl_streamkl.kernels.config import EXP2_VARIANTS, get_kernel_options, kernel_options, set_kernel_options  # noqa: E402
 
 BLOCKS = 12
 GROUPED_SHAPES = [(32, 12, 197, 64), (16, 12, 577, 64), (16, 12, 1025, 64)]
@@ -236,7 +234,7 @@ def variant_errors(shape, device, fields) -> tuple[float, float, float]:
     q, k, q_t, k_t = (torch.randn(1, min(heads, 2), tokens, dim, device=device, dtype=torch.bfloat16) for _ in range(4))
     q.requires_grad_()
     k.requires_grad_()
-    with use_kernel_variant(**fields):
+    with kernel_options(**fields):
         out = attention_kl(q, k, q_t, k_t, reduction="none", backend="triton")
         upstream = torch.randn_like(out)
         grads = torch.autograd.grad((out * upstream).sum(), (q, k))
@@ -254,7 +252,7 @@ def time_variants(shape, names, device, warmup_ms: int, rep_ms: int) -> list[Var
     rows = []
     for name in names:
         fields = VARIANTS[name]
-        with use_kernel_variant(**fields):
+        with kernel_options(**fields):
             forward = lambda: attention_kl(q, k, q_t, k_t, reduction="sum", backend="triton")  # noqa: E731
             fwd = median_ms(forward, device, warmup_ms, rep_ms)
             out = forward()
@@ -283,7 +281,7 @@ def environment(device: torch.device) -> dict:
         "torch": torch.__version__,
         "triton": triton.__version__,
         "commit": commit,
-        "autotune": os.environ.get("CL_STREAMKL_AUTOTUNE", "1") != "0",
+        "autotune": get_kernel_options().autotune,
         "date": time.strftime("%Y-%m-%d"),
     }
 
@@ -327,6 +325,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    set_kernel_options(autotune=args.autotune)
     start = time.perf_counter()
     device = torch.device("cpu" if args.smoke else "cuda")
     if device.type == "cuda" and not torch.cuda.is_available():

@@ -18,8 +18,16 @@ import triton.language as tl
 from test_attention_kl import DTYPE_IDS, DTYPES, error_bound, low_precision_rows, make_inputs, rel_err
 
 from cl_streamkl import attention_kl, attention_kl_grouped, attention_kl_reference
-from cl_streamkl.kernels.triton import EXP2_VARIANTS, INTERPRETING, KernelVariant, kernel_variant, use_kernel_variant
+from cl_streamkl.kernels.config import (
+    EXP2_VARIANTS,
+    KernelOptions,
+    get_kernel_options,
+    kernel_options,
+    set_kernel_options,
+)
+from cl_streamkl.kernels.triton import INTERPRETING
 from cl_streamkl.kernels.triton.common import exp2_polynomial, teacher_exp2
+from cl_streamkl.kernels.triton.variants import exp2_constants
 
 POLY_VARIANTS = [name for name in EXP2_VARIANTS if name != "hardware"]
 # The two unit tests of the exponentials run their tiny kernels on CPU tensors through the
@@ -80,7 +88,7 @@ def test_variant_keeps_the_tested_accuracy(variant, dtype, shape, device):
     causal = shape[-1]
     q, k, q_t, k_t = make_inputs(shape, dtype, device, teacher_grad=True)
     fields = {"grad_after_dot": True} if variant == "grad-after-dot" else {"forward_exp2": variant, "backward_exp2": variant}
-    with use_kernel_variant(**fields):
+    with kernel_options(**fields):
         out = attention_kl(q, k, q_t, k_t, causal=causal, reduction="none", backend="triton")
         upstream = torch.randn_like(out)
         grads = torch.autograd.grad((out * upstream).sum(), (q, k, q_t, k_t))
@@ -126,7 +134,7 @@ def test_grad_after_dot_with_a_gradient_constant_along_rows(dtype, reduction, de
     problems = [make_inputs((2, 2, 33, 33, 64, 32, True), dtype, device, teacher_grad=True) for _ in range(2)]
     inputs = [tensor for problem in problems for tensor in problem]
     weights = torch.tensor([0.7, -1.3], device=device)
-    with use_kernel_variant(grad_after_dot=True):
+    with kernel_options(grad_after_dot=True):
         single = sum(w * attention_kl(*p, causal=True, reduction=reduction, backend="triton") for w, p in zip(weights, problems))
         grads = torch.autograd.grad(single, inputs)
         grouped = attention_kl_grouped(problems, causal=True, reduction=reduction, backend="triton")
@@ -143,7 +151,7 @@ def test_grad_after_dot_with_a_gradient_constant_along_rows(dtype, reduction, de
 def test_variant_with_large_logits_stays_finite(variant, device):
     torch.manual_seed(31)
     q, k, q_t, k_t = make_inputs((1, 2, 33, 33, 64, 64, True), torch.bfloat16, device, spread=12.0)
-    with use_kernel_variant(forward_exp2=variant, backward_exp2=variant):
+    with kernel_options(forward_exp2=variant, backward_exp2=variant):
         out = attention_kl(q, k, q_t, k_t, causal=True, reduction="none", backend="triton")
         grads = torch.autograd.grad(out.sum(), (q, k))
     ref = attention_kl_reference(q, k, q_t, k_t, causal=True, reduction="none")
@@ -157,7 +165,7 @@ def test_identical_distributions_give_almost_zero(variant, value_floor, device):
     """The polynomial weighs exact score gaps with approximate probabilities: an offset of ~1e-4·KL-scale at degree 3."""
     torch.manual_seed(6)
     q, k, _, _ = make_inputs((2, 2, 37, 37, 64, 64, False), torch.bfloat16, device)
-    with use_kernel_variant(forward_exp2=variant, backward_exp2=variant):
+    with kernel_options(forward_exp2=variant, backward_exp2=variant):
         out = attention_kl(q, k, q.detach(), k.detach(), reduction="none", backend="triton")
         grad = torch.autograd.grad(out.sum(), q)[0]
     assert out.abs().max().item() < value_floor
@@ -167,7 +175,7 @@ def test_identical_distributions_give_almost_zero(variant, value_floor, device):
 def test_grouped_kernels_take_the_variants(device):
     torch.manual_seed(32)
     problems = [make_inputs((1, 2, 17, 17, 64, 64, False), torch.bfloat16, device) for _ in range(3)]
-    with use_kernel_variant(forward_exp2="poly3-quarter", backward_exp2="poly3-eighth", grad_after_dot=True):
+    with kernel_options(forward_exp2="poly3-quarter", backward_exp2="poly3-eighth", grad_after_dot=True):
         out = attention_kl_grouped(problems, reduction="none", backend="triton")
         single = torch.stack([attention_kl(*problem, reduction="none", backend="triton") for problem in problems])
         inputs = [tensor for problem in problems for tensor in problem[:2]]
@@ -181,35 +189,47 @@ def test_grouped_kernels_take_the_variants(device):
 
 
 def test_defaults_environment_and_context():
-    assert KernelVariant() == KernelVariant("hardware", "hardware", True)
-    assert kernel_variant() == KernelVariant.from_environment()
-    before = kernel_variant()
-    with use_kernel_variant(backward_exp2="poly5-quarter") as inside:
-        assert kernel_variant() is inside and inside == dataclasses.replace(before, backward_exp2="poly5-quarter")
-    assert kernel_variant() == before
+    assert KernelOptions() == KernelOptions(True, True, "hardware", "hardware", True)
+    assert get_kernel_options() == KernelOptions.from_environment()
+    before = get_kernel_options()
+    with kernel_options(backward_exp2="poly5-quarter", autotune=False) as inside:
+        assert get_kernel_options() is inside
+        assert inside == dataclasses.replace(before, backward_exp2="poly5-quarter", autotune=False)
+    assert get_kernel_options() == before
     with pytest.raises(ValueError, match="forward_exp2 must be one of"):
-        KernelVariant(forward_exp2="poly4")
+        KernelOptions(forward_exp2="poly4")
     with pytest.raises(TypeError, match="grad_after_dot must be a bool"):
-        KernelVariant(grad_after_dot=1)
+        KernelOptions(grad_after_dot=1)
+    with pytest.raises(TypeError, match="fast_launch must be a bool"):
+        set_kernel_options(fast_launch="0")
+    assert get_kernel_options() == before
 
 
-def test_grad_after_dot_is_the_default_and_can_be_turned_off(monkeypatch):
-    for name in ("CL_STREAMKL_FORWARD_EXP2", "CL_STREAMKL_BACKWARD_EXP2", "CL_STREAMKL_GRAD_AFTER_DOT"):
-        monkeypatch.delenv(name, raising=False)
-    assert KernelVariant.from_environment() == KernelVariant("hardware", "hardware", True) == KernelVariant()
-    monkeypatch.setenv("CL_STREAMKL_GRAD_AFTER_DOT", "0")
-    assert KernelVariant.from_environment().grad_after_dot is False
+def test_set_kernel_options_lasts_until_set_back():
+    before = set_kernel_options(fast_launch=False)
+    try:
+        assert get_kernel_options() == dataclasses.replace(before, fast_launch=False)
+    finally:
+        set_kernel_options(**dataclasses.asdict(before))
+    assert get_kernel_options() == before
 
 
-def test_environment_selects_variants(monkeypatch):
-    monkeypatch.setenv("CL_STREAMKL_FORWARD_EXP2", "poly3-eighth")
-    monkeypatch.setenv("CL_STREAMKL_BACKWARD_EXP2", "poly5-half")
-    monkeypatch.setenv("CL_STREAMKL_GRAD_AFTER_DOT", "1")
-    assert KernelVariant.from_environment() == KernelVariant("poly3-eighth", "poly5-half", True)
+def test_environment_gives_the_defaults():
+    assert KernelOptions.from_environment({}) == KernelOptions()
+    off = {name: "0" for name in ("CL_STREAMKL_AUTOTUNE", "CL_STREAMKL_FAST_LAUNCH", "CL_STREAMKL_GRAD_AFTER_DOT")}
+    assert KernelOptions.from_environment(off) == KernelOptions(autotune=False, fast_launch=False, grad_after_dot=False)
+    variants = {"CL_STREAMKL_FORWARD_EXP2": "poly3-eighth", "CL_STREAMKL_BACKWARD_EXP2": "poly5-half"}
+    assert KernelOptions.from_environment(variants) == KernelOptions(forward_exp2="poly3-eighth",
+                                                                      backward_exp2="poly5-half")
+    with pytest.raises(ValueError, match="backward_exp2 must be one of"):
+        KernelOptions.from_environment({"CL_STREAMKL_BACKWARD_EXP2": "fast"})
 
 
 def test_float32_inputs_raise_degree_3_to_5():
-    variant = KernelVariant(forward_exp2="poly3-quarter")
-    assert variant.exp2_constants(backward=False, dtype=torch.bfloat16) == {"POLY_EXP2_DEGREE": 3, "POLY_EXP2_SPLITS": 1}
-    assert variant.exp2_constants(backward=False, dtype=torch.float32) == {"POLY_EXP2_DEGREE": 5, "POLY_EXP2_SPLITS": 1}
-    assert variant.exp2_constants(backward=True, dtype=torch.float32) == {"POLY_EXP2_DEGREE": 0, "POLY_EXP2_SPLITS": 0}
+    options = KernelOptions(forward_exp2="poly3-quarter")
+    assert exp2_constants(options, backward=False, dtype=torch.bfloat16) == {"POLY_EXP2_DEGREE": 3,
+                                                                             "POLY_EXP2_SPLITS": 1}
+    assert exp2_constants(options, backward=False, dtype=torch.float32) == {"POLY_EXP2_DEGREE": 5,
+                                                                            "POLY_EXP2_SPLITS": 1}
+    assert exp2_constants(options, backward=True, dtype=torch.float32) == {"POLY_EXP2_DEGREE": 0,
+                                                                           "POLY_EXP2_SPLITS": 0}

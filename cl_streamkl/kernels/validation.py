@@ -313,7 +313,7 @@ def reduce_rows(row_kl: torch.Tensor, reduction: str, grouped: bool = False) -> 
     Every reduction is a sum, then a division: the backward then hands the kernels an
     expanded (row stride 0) gradient instead of materialising a (B, H, Nq) one as mean()'s
     does, which saves 4 bytes per query row and lets the dk kernel multiply by the
-    gradient after its dot products (see variants.KernelVariant.grad_after_dot).
+    gradient after its dot products (see the grad_after_dot switch of kernels.config).
     """
     if reduction == "none":
         return row_kl

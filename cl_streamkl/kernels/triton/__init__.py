@@ -2,8 +2,8 @@
 
 Modules, read in this order: ``common`` (Triton helpers the kernels share), ``forward`` and
 ``backward`` (the kernels), ``tuning`` (autotuning candidates and heuristic tiles),
-``launch_cache`` (replays compiled kernels), ``variants`` (opt-in arithmetic variants, none on
-by default), ``launch`` (the launchers) and ``ops``
+``launch_cache`` (replays compiled kernels), ``variants`` (the constants of the arithmetic
+variants :mod:`cl_streamkl.kernels.config` selects), ``launch`` (the launchers) and ``ops``
 (``torch.library`` custom ops, so ``torch.compile(fullgraph=True)`` traces through, with
 their autograd formula, and the entry point used by :func:`cl_streamkl.attention_kl`).
 
@@ -16,17 +16,12 @@ The math is stated at the top of ``forward`` and ``backward``.
 from cl_streamkl.kernels.triton.common import INTERPRETING
 from cl_streamkl.kernels.triton.launch import KERNEL_LAUNCHERS, launch_backward, launch_forward
 from cl_streamkl.kernels.triton.ops import attention_kl_rows_triton, attention_kl_rows_triton_grouped
-from cl_streamkl.kernels.triton.variants import EXP2_VARIANTS, KernelVariant, kernel_variant, use_kernel_variant
 
 __all__ = [
     "INTERPRETING",
     "KERNEL_LAUNCHERS",
     "attention_kl_rows_triton",
     "attention_kl_rows_triton_grouped",
-    "EXP2_VARIANTS",
-    "KernelVariant",
-    "kernel_variant",
-    "use_kernel_variant",
     "launch_backward",
     "launch_forward",
 ]

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import torch
 import triton.language as tl
 
+from cl_streamkl.kernels.config import get_kernel_options
 from cl_streamkl.kernels.triton.backward import (
     _attention_kl_bwd_dk_kernel,
     _attention_kl_bwd_dq_kernel,
@@ -25,7 +26,7 @@ from cl_streamkl.kernels.triton.common import BACKWARD_TABLE_WIDTH, FORWARD_TABL
 from cl_streamkl.kernels.triton.forward import _attention_kl_fwd_kernel, _attention_kl_grouped_fwd_kernel
 from cl_streamkl.kernels.triton.launch_cache import KernelLauncher
 from cl_streamkl.kernels.triton.tuning import block_dim, launch_options, length_bucket, tuned
-from cl_streamkl.kernels.triton.variants import kernel_variant
+from cl_streamkl.kernels.triton.variants import exp2_constants
 
 LOG2_E = 1.4426950408889634
 
@@ -113,7 +114,7 @@ def _forward_constants(dtype: torch.dtype, d_s: int, d_t: int, causal: bool) -> 
     return dict(
         CAUSAL=causal,
         DOT_PRECISION=_dot_precision(dtype),
-        **kernel_variant().exp2_constants(backward=False, dtype=dtype),
+        **exp2_constants(get_kernel_options(), backward=False, dtype=dtype),
         BLOCK_DS=block_dim(d_s),
         BLOCK_DT=block_dim(d_t),
     )
@@ -127,13 +128,13 @@ def _backward_constants(
     With the grad-after-dot variant, the dk kernel multiplies by g after its loop only when g is
     the same along a (batch, head)'s rows: a row stride of 0, as a mean or sum hands back.
     """
-    variant = kernel_variant()
+    options = get_kernel_options()
     uniform_rows = grad_rows.stride(-1) == 0 or grad_rows.size(-1) == 1
     common = dict(CAUSAL=causal, TEACHER_GRAD=teacher_grad, DOT_PRECISION=_dot_precision(dtype))
-    tail = dict(**variant.exp2_constants(backward=True, dtype=dtype), BLOCK_DS=block_dim(d_s), BLOCK_DT=block_dim(d_t))
+    tail = dict(**exp2_constants(options, backward=True, dtype=dtype), BLOCK_DS=block_dim(d_s), BLOCK_DT=block_dim(d_t))
     return (
-        {**common, "GRAD_AFTER_DOT": variant.grad_after_dot, **tail},
-        {**common, "GRAD_AFTER_DOT": variant.grad_after_dot and uniform_rows, **tail},
+        {**common, "GRAD_AFTER_DOT": options.grad_after_dot, **tail},
+        {**common, "GRAD_AFTER_DOT": options.grad_after_dot and uniform_rows, **tail},
     )
 
 

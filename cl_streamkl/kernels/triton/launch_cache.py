@@ -12,20 +12,21 @@ anything Triton specialises a kernel on (integer values equal to 1 or divisible 
 16, pointer alignment, dtypes), so a replayed kernel is always the one Triton itself
 would have picked, autotuned configuration included.
 
-``CL_STREAMKL_FAST_LAUNCH=0`` turns the replay off (every launch goes through
-``kernel[grid](...)``); the Triton CPU interpreter never replays.
+The ``fast_launch`` switch of :mod:`cl_streamkl.kernels.config` turns the replay off (every
+launch goes through ``kernel[grid](...)``); the Triton CPU interpreter never replays.
 """
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from triton.runtime.autotuner import Autotuner
 
-FAST_LAUNCH = os.environ.get("CL_STREAMKL_FAST_LAUNCH", "1") != "0"
+from cl_streamkl.kernels.config import get_kernel_options
+
 # Distinct (shape, stride, alignment) signatures kept per kernel; a training run
 # sees a handful (the last, smaller batch of an epoch adds one).
 MAX_ENTRIES = 256
@@ -64,13 +65,15 @@ class KernelLauncher:
 
     Args:
         kernel: a ``triton.jit`` function or a ``triton.autotune`` wrapper of one,
-            whose compile-time constants all follow its runtime arguments.
+            whose compile-time constants all follow its runtime arguments. Launches that
+            pass their tiles (``options``) run the function under the wrapper.
         replay: whether to replay compiled kernels (False under the CPU interpreter).
     """
 
     def __init__(self, kernel, replay: bool) -> None:
         self.kernel = kernel
-        self.replay = replay and FAST_LAUNCH
+        self.untuned = kernel.fn if isinstance(kernel, Autotuner) else kernel
+        self.replay = replay
         self._compiled: dict[tuple, tuple[Callable, int, tuple]] = {}
 
     def __call__(
@@ -92,10 +95,11 @@ class KernelLauncher:
             batch_heads: B·H.
             block: name of the tile-size constant along ``length`` ("BLOCK_M" or "BLOCK_N").
         """
-        if not self.replay:
+        if not (self.replay and get_kernel_options().fast_launch):
             self._launch_through_triton(args, constants, options, length, batch_heads, block)
             return
-        key = (args[0].device.index, block, length, batch_heads, signature_key(args, tuple(constants.values())))
+        key = (args[0].device.index, block, length, batch_heads, bool(options),
+               signature_key(args, tuple(constants.values())))
         entry = self._compiled.get(key)
         if entry is None:
             # This first launch goes through Triton (compiling or autotuning as needed).
@@ -110,25 +114,30 @@ class KernelLauncher:
         runner_for_grid, tile, constant_tail = entry
         runner_for_grid((_programs(length, tile, batch_heads), 1, 1))(*args, *constant_tail)
 
+    def _chosen(self, options: dict[str, Any]):
+        # Launches that pass their tiles skip the autotuner (the autotune switch is off).
+        return self.untuned if options else self.kernel
+
     def _launch_through_triton(self, args, constants, options, length, batch_heads, block):
         """``kernel[grid](...)``: bind, specialise, compile or autotune if needed, launch.
 
         Returns what Triton returns: the compiled kernel that ran (None under the interpreter).
         """
-        return self.kernel[lambda meta: (_programs(length, meta[block], batch_heads),)](
+        return self._chosen(options)[lambda meta: (_programs(length, meta[block], batch_heads),)](
             *args, **constants, **options
         )
 
     def _compile(self, args, constants, options, length, batch_heads, block):
         """Launch once through Triton (compiling or autotuning as needed); return what replays it."""
         compiled = self._launch_through_triton(args, constants, options, length, batch_heads, block)
-        chosen = getattr(self.kernel, "best_config", None)
+        kernel = self._chosen(options)
+        chosen = getattr(kernel, "best_config", None)
         values = {**constants, **options, **(chosen.kwargs if chosen is not None else {})}
-        names = self.kernel.arg_names[len(args):]
+        names = kernel.arg_names[len(args):]
         if not hasattr(compiled, "__getitem__") or block not in values or any(n not in values for n in names):
             # An unfamiliar Triton API: stay correct through kernel[grid](...), only slower.
             warnings.warn(
-                f"cl_streamkl: cannot replay compiled {getattr(self.kernel, '__name__', self.kernel)!r} "
+                f"cl_streamkl: cannot replay compiled {getattr(kernel, '__name__', kernel)!r} "
                 "with this Triton version; launching through the JIT instead",
                 RuntimeWarning,
                 stacklevel=3,

@@ -3,20 +3,20 @@
 :func:`tuned` wraps a kernel in ``triton.autotune`` over :func:`autotune_configs`, keyed on
 :data:`AUTOTUNE_KEY` (length buckets, head dims, causal) and pruned per input by
 :func:`prune_configs`; :func:`launch_options` gives the tiles to pass at launch when
-autotuning is off. ``AUTOTUNE`` is the module-level switch both read (from
-``CL_STREAMKL_AUTOTUNE``; always off under the CPU interpreter).
+autotuning is off. :func:`autotuning` says which, from the ``autotune`` switch of
+:mod:`cl_streamkl.kernels.config` (always off under the CPU interpreter).
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-import os
 
 import torch
 import triton
 import triton.testing
 
+from cl_streamkl.kernels.config import get_kernel_options
 from cl_streamkl.kernels.triton.common import INTERPRETING
 
 
@@ -108,10 +108,11 @@ def prune_configs(configs, named_args, kind: str, **kwargs):
 
 
 AUTOTUNE_KEY = ["N_Q_BUCKET", "N_K_BUCKET", "d_s", "d_t", "CAUSAL"]
-# Autotuning costs seconds to a minute of compiling per new (dtype, head dims, causal,
-# length bucket) combination; CL_STREAMKL_AUTOTUNE=0 uses the heuristic tiles below instead
-# (correctness runs, short jobs). The interpreter never autotunes: timing it is meaningless.
-AUTOTUNE = not INTERPRETING and os.environ.get("CL_STREAMKL_AUTOTUNE", "1") != "0"
+
+
+def autotuning() -> bool:
+    """Whether launches now autotune their tiles (never under the interpreter: timing it is meaningless)."""
+    return not INTERPRETING and get_kernel_options().autotune
 
 
 def _heuristic_options(kind: str, widest_head_dim: int, element_size: int) -> dict:
@@ -131,7 +132,7 @@ def _gpu_heuristic(kind: str, widest_head_dim: int, element_size: int) -> dict:
 
 def launch_options(kind: str, d_s: int, d_t: int, dtype: torch.dtype) -> dict:
     """Tiles, warps and stages to pass at launch: none when autotuned, else the heuristic ones."""
-    return {} if AUTOTUNE else _heuristic_options(kind, max(d_s, d_t), dtype.itemsize)
+    return {} if autotuning() else _heuristic_options(kind, max(d_s, d_t), dtype.itemsize)
 
 
 def bench_in_cuda_graph(kernel_call, quantiles):
@@ -162,14 +163,17 @@ _AUTOTUNE_OPTIONS = {
 
 
 def tuned(kernel, kind: str, extra_keys: tuple[str, ...] = ()):
-    """``kernel`` autotuned over the ``kind`` candidates ("fwd" or "bwd"), or as is without AUTOTUNE.
+    """``kernel`` autotuned over the ``kind`` candidates ("fwd" or "bwd"); as is under the interpreter.
+
+    The autotuner runs only for launches without tiles (:func:`launch_options`); with the
+    ``autotune`` switch off, launches pass the heuristic tiles to ``kernel`` itself.
 
     Args:
         kernel: a ``triton.jit`` kernel taking N_Q_BUCKET, N_K_BUCKET, d_s, d_t and CAUSAL.
         kind: which candidate list and pruning rules apply.
         extra_keys: further arguments whose values need their own tuning (TEACHER_GRAD).
     """
-    if not AUTOTUNE:
+    if INTERPRETING:
         return kernel
     key = AUTOTUNE_KEY + list(extra_keys)
     return triton.autotune(

@@ -1,0 +1,118 @@
+"""The kernels' global switches, in one place (as timm's ``layers/config.py``).
+
+Five options change how the Triton kernels run, never what they compute beyond rounding:
+
+* ``autotune`` (default on): tiles chosen by ``triton.autotune`` per (dtype, head dims,
+  causal, length bucket), which costs seconds to a minute of compiling per new combination;
+  off, fixed heuristic tiles (correctness runs, short jobs). The CPU interpreter never
+  autotunes, whatever this says: timing it is meaningless.
+* ``fast_launch`` (default on): replay compiled kernels without Triton's per-launch binder
+  (:mod:`cl_streamkl.kernels.triton.launch_cache`); off, every launch goes through
+  ``kernel[grid](...)``.
+* ``forward_exp2`` / ``backward_exp2`` (default ``"hardware"``): a key of
+  :data:`EXP2_VARIANTS`, the share of the teacher's exponentials the forward / the dq and
+  dk kernels compute with a polynomial on the FMA units (:mod:`cl_streamkl.kernels.triton.variants`).
+* ``grad_after_dot`` (default on): the backward kernels multiply by the upstream gradient
+  after the dot products instead of per score.
+
+Read them with :func:`get_kernel_options`, change them for the process with
+:func:`set_kernel_options`, or for a block with :func:`kernel_options`::
+
+    with kernel_options(autotune=False, forward_exp2="poly3-eighth"):
+        loss = attention_kl(q, k, q_teacher, k_teacher)
+
+The environment gives the defaults, read once when this module is imported:
+``CL_STREAMKL_AUTOTUNE``, ``CL_STREAMKL_FAST_LAUNCH`` and ``CL_STREAMKL_GRAD_AFTER_DOT``
+(``0`` turns one off), ``CL_STREAMKL_FORWARD_EXP2`` and ``CL_STREAMKL_BACKWARD_EXP2`` (a
+key of :data:`EXP2_VARIANTS`). Nothing else in the package reads them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from collections.abc import Iterator, Mapping
+
+__all__ = ["EXP2_VARIANTS", "KernelOptions", "get_kernel_options", "kernel_options", "set_kernel_options"]
+
+# name -> (POLY_EXP2_DEGREE, POLY_EXP2_SPLITS): the teacher's exponentials on the last
+# 1/2**splits of each score tile's columns use the degree-d polynomial (common.teacher_exp2).
+# "half" etc. name the share of all exponentials (student and teacher) that moves.
+EXP2_VARIANTS: dict[str, tuple[int, int]] = {
+    "hardware": (0, 0),
+    "poly3-half": (3, 0),
+    "poly3-quarter": (3, 1),
+    "poly3-eighth": (3, 2),
+    "poly5-half": (5, 0),
+    "poly5-quarter": (5, 1),
+    "poly5-eighth": (5, 2),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelOptions:
+    """How the Triton kernels run (see the module docstring for each field)."""
+
+    autotune: bool = True
+    fast_launch: bool = True
+    forward_exp2: str = "hardware"
+    backward_exp2: str = "hardware"
+    grad_after_dot: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("autotune", "fast_launch", "grad_after_dot"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
+        for name in ("forward_exp2", "backward_exp2"):
+            if getattr(self, name) not in EXP2_VARIANTS:
+                raise ValueError(f"{name} must be one of {sorted(EXP2_VARIANTS)}, got {getattr(self, name)!r}")
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str] | None = None) -> KernelOptions:
+        """The options the ``CL_STREAMKL_*`` variables of ``environ`` (default ``os.environ``) name."""
+        environ = os.environ if environ is None else environ
+        return cls(
+            autotune=environ.get("CL_STREAMKL_AUTOTUNE", "1") != "0",
+            fast_launch=environ.get("CL_STREAMKL_FAST_LAUNCH", "1") != "0",
+            forward_exp2=environ.get("CL_STREAMKL_FORWARD_EXP2", "hardware"),
+            backward_exp2=environ.get("CL_STREAMKL_BACKWARD_EXP2", "hardware"),
+            grad_after_dot=environ.get("CL_STREAMKL_GRAD_AFTER_DOT", "1") != "0",
+        )
+
+
+_current = KernelOptions.from_environment()
+
+
+def get_kernel_options() -> KernelOptions:
+    """The options the launchers use now."""
+    return _current
+
+
+def set_kernel_options(**fields: bool | str) -> KernelOptions:
+    """Change the named :class:`KernelOptions` fields for the rest of the process; returns the previous options.
+
+    Raises:
+        TypeError: an unknown field, or a switch that is not a bool.
+        ValueError: an exponential variant not in :data:`EXP2_VARIANTS`.
+    """
+    global _current
+    previous = _current
+    _current = dataclasses.replace(previous, **fields)
+    return previous
+
+
+@contextlib.contextmanager
+def kernel_options(**fields: bool | str) -> Iterator[KernelOptions]:
+    """Within the block, launch with these :class:`KernelOptions` fields changed (not thread-safe).
+
+    Example:
+        >>> with kernel_options(autotune=False):
+        ...     loss = attention_kl(q, k, q_teacher, k_teacher)
+    """
+    global _current
+    previous = set_kernel_options(**fields)
+    try:
+        yield _current
+    finally:
+        _current = previous
