@@ -65,7 +65,8 @@ def host_breakdown(q, k, q_t, k_t) -> dict[str, float]:
     launchers = tuple(launch.KERNEL_LAUNCHERS.values())
 
     def launch_backward():
-        launch.launch_backward(grad_rows, q, k, q_t, k_t, lse_s, lse_s, lse_t, scale, scale, False, False)
+        launch.launch_backward(grad_rows, launch.BackwardInputs(q, k, q_t, k_t, lse_s, lse_s, lse_t, scale, scale,
+                                                                False, False))
 
     def forward_no_grad():
         with torch.no_grad():

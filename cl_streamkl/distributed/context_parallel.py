@@ -193,12 +193,12 @@ def _shard_gradients(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """This shard's share of dq (and dq_teacher) and its exact dk (and dk_teacher)."""
     if backend == "triton":
-        from cl_streamkl.kernels.triton import launch_backward
+        from cl_streamkl.kernels.triton.launch import BackwardInputs, launch_backward
 
-        grads = launch_backward(
-            grad_rows, q, k, q_teacher, k_teacher, row_kl, lse_student, lse_teacher,
+        grads = launch_backward(grad_rows, BackwardInputs(
+            q, k, q_teacher, k_teacher, row_kl, lse_student, lse_teacher,
             problem.student_scale, problem.teacher_scale, False, teacher_grad,
-        )
+        ))
         return grads[0], grads[1], *((grads[2], grads[3]) if teacher_grad else (None, None))
     # Float32 partial sums: the all-reduce adds them before the cast to the inputs' dtype.
     return streaming_backward(

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import struct
 from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import torch
 import triton.language as tl
@@ -29,6 +30,34 @@ from cl_streamkl.kernels.triton.tuning import block_dim, launch_options, length_
 from cl_streamkl.kernels.triton.variants import exp2_constants
 
 LOG2_E = 1.4426950408889634
+
+
+class BackwardInputs(NamedTuple):
+    """What the backward kernels read besides the upstream gradient: the forward's inputs,
+    its outputs and its options. In the grouped launchers each tensor and scale is a list
+    over the L problems.
+
+    Attributes:
+        q, k, q_teacher, k_teacher: the forward's inputs, (B, H, N, D) each.
+        row_kl: the forward's per-row KL, (B, H, Nq) float32; read only for ``teacher_grad``
+            (any float32 tensor of that shape stands in otherwise).
+        lse_student, lse_teacher: the forward's log-sum-exps (base 2), (B, H, Nq) float32.
+        student_scale, teacher_scale: scale / temperature of each side, natural units.
+        causal: whether key j > query i was masked.
+        teacher_grad: whether the teacher's inputs get gradients too.
+    """
+
+    q: Any
+    k: Any
+    q_teacher: Any
+    k_teacher: Any
+    row_kl: torch.Tensor
+    lse_student: torch.Tensor
+    lse_teacher: torch.Tensor
+    student_scale: Any
+    teacher_scale: Any
+    causal: bool
+    teacher_grad: bool
 
 
 def _launcher(kernel, kind: str, extra_keys: tuple[str, ...] = ()) -> KernelLauncher:
@@ -181,20 +210,7 @@ def launch_forward(
     return rows, lse_student, lse_teacher
 
 
-def launch_backward(
-    grad_rows: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    q_teacher: torch.Tensor,
-    k_teacher: torch.Tensor,
-    row_kl: torch.Tensor,
-    lse_student: torch.Tensor,
-    lse_teacher: torch.Tensor,
-    student_scale: float,
-    teacher_scale: float,
-    causal: bool,
-    teacher_grad: bool,
-) -> list[torch.Tensor]:
+def launch_backward(grad_rows: torch.Tensor, saved: BackwardInputs) -> list[torch.Tensor]:
     """Run the backward: the query-side kernel, then the key-side kernel.
 
     Each recomputes both probability tiles; neither uses atomics, so the gradients
@@ -203,11 +219,14 @@ def launch_backward(
 
     Args:
         grad_rows: upstream gradient of the per-row KL, (B, H, Nq), any strides.
+        saved: the forward's inputs, outputs and options, one tensor or scale each.
 
     Returns:
         [dq, dk] or, with ``teacher_grad``, [dq, dk, dq_teacher, dk_teacher], each
         in its input's dtype and layout (:func:`empty_gradient_for`).
     """
+    (q, k, q_teacher, k_teacher, row_kl, lse_student, lse_teacher,
+     student_scale, teacher_scale, causal, teacher_grad) = saved
     batch, heads, n_q, d_s = q.shape
     n_k, d_t = k.size(2), q_teacher.size(3)
     grad_rows = grad_rows.float()
@@ -355,31 +374,21 @@ def launch_grouped_forward(
     return rows, lse_student, lse_teacher
 
 
-def launch_grouped_backward(
-    grad_rows: torch.Tensor,
-    q: Sequence[torch.Tensor],
-    k: Sequence[torch.Tensor],
-    q_teacher: Sequence[torch.Tensor],
-    k_teacher: Sequence[torch.Tensor],
-    row_kl: torch.Tensor,
-    lse_student: torch.Tensor,
-    lse_teacher: torch.Tensor,
-    student_scales: Sequence[float],
-    teacher_scales: Sequence[float],
-    causal: bool,
-    teacher_grad: bool,
-) -> list[torch.Tensor]:
+def launch_grouped_backward(grad_rows: torch.Tensor, saved: BackwardInputs) -> list[torch.Tensor]:
     """Run the grouped backward: one dq launch and one dk launch for all L problems.
 
     Args:
         grad_rows: upstream gradient of the per-row KL, (L, B, H, Nq), any strides.
-        row_kl, lse_student, lse_teacher: the grouped forward's outputs.
+        saved: the grouped forward's inputs and scales (a list over problems each), its
+            outputs (L, B, H, Nq) and its options.
 
     Returns:
         dq of every problem, then dk of every problem (2L tensors) and, with
         ``teacher_grad``, dq_teacher and dk_teacher of every problem (4L), each in its
         input's dtype and layout (:func:`empty_gradient_for`).
     """
+    (q, k, q_teacher, k_teacher, row_kl, lse_student, lse_teacher,
+     student_scales, teacher_scales, causal, teacher_grad) = saved
     batch, heads, n_q, d_s = q[0].shape
     n_k, d_t = k[0].size(2), q_teacher[0].size(3)
     grad_rows = grad_rows.float()

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from cl_streamkl.kernels.triton.launch import (
+    BackwardInputs,
     empty_gradient_for,
     launch_backward,
     launch_forward,
@@ -58,21 +59,10 @@ def attention_kl_bwd_op(
     causal: bool,
     teacher_grad: bool,
 ) -> list[torch.Tensor]:
-    """Custom op around :func:`launch_backward`."""
-    return launch_backward(
-        grad_rows,
-        q,
-        k,
-        q_teacher,
-        k_teacher,
-        row_kl,
-        lse_student,
-        lse_teacher,
-        student_scale,
-        teacher_scale,
-        causal,
-        teacher_grad,
-    )
+    """Custom op around :func:`launch_backward`: torch.library needs the bundle's fields flat."""
+    return launch_backward(grad_rows, BackwardInputs(
+        q, k, q_teacher, k_teacher, row_kl, lse_student, lse_teacher, student_scale, teacher_scale, causal, teacher_grad,
+    ))
 
 
 @attention_kl_bwd_op.register_fake
@@ -108,11 +98,11 @@ def attention_kl_grouped_bwd_op(
     row_kl: torch.Tensor, lse_student: torch.Tensor, lse_teacher: torch.Tensor,
     student_scales: list[float], teacher_scales: list[float], causal: bool, teacher_grad: bool,
 ) -> list[torch.Tensor]:
-    """Custom op around :func:`launch_grouped_backward`."""
-    return launch_grouped_backward(
-        grad_rows, q, k, q_teacher, k_teacher, row_kl, lse_student, lse_teacher,
-        student_scales, teacher_scales, causal, teacher_grad,
-    )
+    """Custom op around :func:`launch_grouped_backward`, its bundle's fields flat."""
+    return launch_grouped_backward(grad_rows, BackwardInputs(
+        q, k, q_teacher, k_teacher, row_kl, lse_student, lse_teacher, student_scales, teacher_scales, causal,
+        teacher_grad,
+    ))
 
 
 @attention_kl_grouped_bwd_op.register_fake
@@ -144,6 +134,8 @@ def _save_for_backward(ctx, inputs: Sequence[torch.Tensor], outputs, options: tu
 def _gradients(ctx, grad_rows: torch.Tensor | None, backward_fn, grouped: bool) -> tuple:
     """(dq, dk, dq_teacher, dk_teacher), each a tensor or, ``grouped``, a list over problems.
 
+    ``backward_fn(grad_rows, saved)`` runs the backward on a :class:`BackwardInputs`.
+
     The teacher's are None for a frozen teacher; all four are None without an upstream gradient.
     """
     *inputs, lse_student, lse_teacher, row_kl = ctx.saved_tensors
@@ -152,19 +144,19 @@ def _gradients(ctx, grad_rows: torch.Tensor | None, backward_fn, grouped: bool) 
     roles = [list(inputs[index::4]) for index in range(4)] if grouped else inputs
     # A frozen teacher costs no teacher-gradient work: the kernels skip it entirely
     # and never read ROW_KL, so any float32 tensor of the rows' shape stands in for it.
-    grads = backward_fn(
-        grad_rows,
-        *roles,
-        lse_student if row_kl is None else row_kl,
-        lse_student,
-        lse_teacher,
-        *ctx.options,
-        ctx.teacher_grad,
+    saved = BackwardInputs(
+        *roles, lse_student if row_kl is None else row_kl, lse_student, lse_teacher, *ctx.options, ctx.teacher_grad,
     )
+    grads = backward_fn(grad_rows, saved)
     if grouped:  # dq of every problem, then dk (then the teacher's): one list per role
         count = len(inputs) // 4
         grads = [grads[start:start + count] for start in range(0, len(grads), count)]
     return grads[0], grads[1], *(grads[2:] if ctx.teacher_grad else (None, None))
+
+
+def _flat(backward_op):
+    """``backward_op`` (a custom op, flat arguments) called as ``backward_fn(grad_rows, saved)``."""
+    return lambda grad_rows, saved: backward_op(grad_rows, *saved)
 
 
 def _setup_context(ctx, inputs, output):
@@ -175,7 +167,7 @@ def _setup_context(ctx, inputs, output):
 
 
 def _op_backward(ctx, grad_rows, _grad_lse_student, _grad_lse_teacher):
-    return *_gradients(ctx, grad_rows, attention_kl_bwd_op, grouped=False), None, None, None
+    return *_gradients(ctx, grad_rows, _flat(attention_kl_bwd_op), grouped=False), None, None, None
 
 
 attention_kl_fwd_op.register_autograd(_op_backward, setup_context=_setup_context)
@@ -197,7 +189,7 @@ def _per_problem(ctx, grads: tuple) -> list[list[torch.Tensor | None]]:
 
 def _grouped_op_backward(ctx, grad_rows, _grad_lse_student, _grad_lse_teacher):
     # A list input takes a list of gradients, one (or None) per tensor.
-    grads = _gradients(ctx, grad_rows, attention_kl_grouped_bwd_op, grouped=True)
+    grads = _gradients(ctx, grad_rows, _flat(attention_kl_grouped_bwd_op), grouped=True)
     return *_per_problem(ctx, grads), None, None, None
 
 
