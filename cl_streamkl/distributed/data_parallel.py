@@ -25,7 +25,12 @@ from torch.nn.parallel import DataParallel as SingleProcessDataParallel
 from torch.nn.parallel import DistributedDataParallel
 
 __all__ = [
-    "DIST_TIMEOUT_S", "DataParallel", "resolve_device", "start_data_parallel", "stop_data_parallel", "unwrap_data_parallel",
+    "DIST_TIMEOUT_S",
+    "DataParallel",
+    "resolve_device",
+    "start_data_parallel",
+    "stop_data_parallel",
+    "unwrap_data_parallel",
 ]
 
 # How long a process of a data-parallel run waits for the others in one collective (torch's NCCL default).

@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any
 
 from cl_streamkl.distributed.data_parallel import DIST_TIMEOUT_S
 from cl_streamkl.experiment.config import (
-    AMP_MODES, DEFAULT_MODEL_KWARGS, DEVICES, JOINT, LOGGERS, STRATEGY_COMPONENTS, ExperimentConfig,
+    AMP_MODES,
+    DEFAULT_MODEL_KWARGS,
+    DEVICES,
+    JOINT,
+    LOGGERS,
+    STRATEGY_COMPONENTS,
+    ExperimentConfig,
 )
 from cl_streamkl.experiment.data.names import DATASETS, DOMAIN_SHIFTS, EVAL_SPLITS, SCENARIOS
 from cl_streamkl.experiment.files import OutputWriteError

@@ -14,10 +14,10 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from cl_streamkl.distributed.data_parallel import DataParallel, resolve_device
+from cl_streamkl.experiment.config import ExperimentConfig, strategy_components
 from cl_streamkl.experiment.data.registry import build_stream, load_splits
 from cl_streamkl.experiment.data.stream import ExperienceStream, LabeledSplits
-from cl_streamkl.experiment.config import ExperimentConfig, strategy_components
-from cl_streamkl.distributed.data_parallel import DataParallel, resolve_device
 from cl_streamkl.experiment.model import build_model
 from cl_streamkl.experiment.template import autocast
 

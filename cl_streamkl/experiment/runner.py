@@ -16,16 +16,24 @@ from avalanche.benchmarks.utils.utils import concat_datasets
 from avalanche.training.plugins.clock import Clock
 from torch import nn
 
-from cl_streamkl.experiment.data.stream import ExperienceStream, LabeledSplits
+from cl_streamkl.distributed.data_parallel import DataParallel, resolve_device
 from cl_streamkl.experiment.accuracy_matrix import (
-    average_accuracy_per_experience, average_forgetting, backward_transfer, final_average_accuracy,
+    average_accuracy_per_experience,
+    average_forgetting,
+    backward_transfer,
+    final_average_accuracy,
     learning_accuracy,
 )
 from cl_streamkl.experiment.checkpoint import (
-    RunIdentity, load_checkpoint, rng_state, save_checkpoint, seed_everything, set_rng_state,
+    RunIdentity,
+    load_checkpoint,
+    rng_state,
+    save_checkpoint,
+    seed_everything,
+    set_rng_state,
 )
 from cl_streamkl.experiment.config import JOINT, ExperimentConfig
-from cl_streamkl.distributed.data_parallel import DataParallel, resolve_device
+from cl_streamkl.experiment.data.stream import ExperienceStream, LabeledSplits
 from cl_streamkl.experiment.evaluation import accuracy_per_experience
 from cl_streamkl.experiment.loggers import build_evaluator, build_loggers, close_loggers
 from cl_streamkl.experiment.memory import PeakMemory

@@ -12,8 +12,8 @@ from typing import Any
 from avalanche.training.plugins import EWCPlugin, LwFPlugin, ReplayPlugin, SupervisedPlugin
 
 from cl_streamkl.distributed import unwrap_data_parallel
-from cl_streamkl.experiment.data.stream import ExperienceStream
 from cl_streamkl.experiment.config import ExperimentConfig, strategy_components
+from cl_streamkl.experiment.data.stream import ExperienceStream
 from cl_streamkl.experiment.replay_buffer import SeededExperienceBuffer
 from cl_streamkl.experiment.sharded_loaders import ShardedReplayDataLoader
 

@@ -61,7 +61,8 @@ def attention_kl_bwd_op(
 ) -> list[torch.Tensor]:
     """Custom op around :func:`launch_backward`: torch.library needs the bundle's fields flat."""
     return launch_backward(grad_rows, BackwardInputs(
-        q, k, q_teacher, k_teacher, row_kl, lse_student, lse_teacher, student_scale, teacher_scale, causal, teacher_grad,
+        q, k, q_teacher, k_teacher, row_kl, lse_student, lse_teacher, student_scale, teacher_scale, causal,
+        teacher_grad,
     ))
 
 

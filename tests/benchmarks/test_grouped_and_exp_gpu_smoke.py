@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-BENCHMARKS = str(Path(__file__).resolve().parent.parent / "benchmarks")
+BENCHMARKS = str(Path(__file__).resolve().parents[2] / "benchmarks")
 if BENCHMARKS not in sys.path:
     sys.path.insert(0, BENCHMARKS)
 

@@ -38,7 +38,7 @@ WORLD_SIZE = 2
 GROUP_TIMEOUT_S = 30
 # Starting both processes, the cases under the interpreter, and one group timeout to spare.
 RESULTS_DEADLINE_S = 150
-REPOSITORY = Path(__file__).resolve().parent.parent
+REPOSITORY = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)

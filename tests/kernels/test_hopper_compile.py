@@ -14,7 +14,7 @@ the grouped kernels load their tiles with the same 16-byte asynchronous copies a
 one-problem kernels (their addresses come from a table, so only hints tell the compiler they
 are aligned) and that each exp2 variant leaves fewer hardware exponentials.
 
-Run directly (``python tests/test_hopper_compile.py``) it prints one line per kernel.
+Run directly (``python tests/kernels/test_hopper_compile.py``) it prints one line per kernel.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 class Case(NamedTuple):

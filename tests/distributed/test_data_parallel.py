@@ -47,7 +47,7 @@ from cl_streamkl.strategies import StreamKLPlugin
 
 pytestmark = pytest.mark.distributed
 
-REPOSITORY = Path(__file__).resolve().parent.parent
+REPOSITORY = Path(__file__).resolve().parents[2]
 WORLD_SIZE = 2
 GROUP_TIMEOUT_S = 30
 # Imports of two processes on two shared cores, a tiny training, and one group timeout to spare.
@@ -66,7 +66,7 @@ TINY = ["--model-kwargs", "depth=1", "embed_dim=16", "num_heads=2", "--image-siz
 PENALTY_ATOL, PENALTY_RTOL = 1e-6, 1e-3
 ACCURACY_ATOL = 0.02
 
-AUDIT = '''"""Written by tests/test_data_parallel.py: ranks other than 0 may not write under a watched folder."""
+AUDIT = '''"""Written by tests/distributed/test_data_parallel.py: ranks other than 0 may not write under a watched folder."""
 import os
 import sys
 

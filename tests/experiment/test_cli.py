@@ -425,7 +425,7 @@ def test_help_imports_no_heavy_library_and_prints_no_warning():
             "print(sorted(m for m in ('avalanche', 'timm', 'matplotlib', 'sklearn', 'torchvision', 'scipy', "
             "'triton') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                            cwd=Path(__file__).resolve().parent.parent)
+                            cwd=Path(__file__).resolve().parents[2])
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
     assert result.stderr == ""

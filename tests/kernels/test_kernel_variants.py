@@ -2,7 +2,7 @@
 
 Each exp2 variant moves part of the teacher's exponentials to a polynomial on the FMA units;
 ``grad_after_dot`` multiplies by the upstream gradient after the dot products. They must keep the
-accuracy the default kernels are tested to (tests/test_attention_kl.py); which is faster is
+accuracy the default kernels are tested to (tests/kernels/test_attention_kl.py); which is faster is
 measured on the GPU (benchmarks/grouped_and_exp_gpu.py).
 """
 
