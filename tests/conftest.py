@@ -6,8 +6,11 @@
 * Every float tensor that ``torch.empty``/``torch.empty_like`` returns is filled
   with NaN, so an output element a kernel forgets to write fails the test
   instead of passing on whatever memory happened to hold.
+* The kernels' switches (``cl_streamkl.kernels.config``) are put back after every
+  test, so a benchmark's ``main`` run in-process leaves none changed.
 """
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -47,6 +50,15 @@ torch.empty = _poisoned_empty
 torch.empty_like = _poisoned_empty_like
 
 DEVICE = "cuda" if os.environ.get("CL_STREAMKL_TEST_GPU") == "1" else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def _kernel_options_put_back():
+    from cl_streamkl.kernels.config import get_kernel_options, set_kernel_options
+
+    before = get_kernel_options()
+    yield
+    set_kernel_options(**dataclasses.asdict(before))
 
 
 @pytest.fixture
