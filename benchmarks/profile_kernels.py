@@ -21,6 +21,7 @@ import torch
 from _harness.measure import gpu_kernel_times_us, median_ms
 from _harness.options import parse_shape
 from cl_streamkl import attention_kl
+from cl_streamkl.kernels.backward_inputs import BackwardInputs
 from cl_streamkl.kernels.triton import launch
 
 
@@ -65,8 +66,8 @@ def host_breakdown(q, k, q_t, k_t) -> dict[str, float]:
     launchers = tuple(launch.KERNEL_LAUNCHERS.values())
 
     def launch_backward():
-        launch.launch_backward(grad_rows, launch.BackwardInputs(q, k, q_t, k_t, lse_s, lse_s, lse_t, scale, scale,
-                                                                False, False))
+        saved = BackwardInputs(q, k, q_t, k_t, lse_s, lse_s, lse_t, scale, scale, False, False)
+        launch.launch_backward(grad_rows, saved)
 
     def forward_no_grad():
         with torch.no_grad():

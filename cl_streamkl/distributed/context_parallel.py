@@ -26,7 +26,13 @@ import torch
 import torch.distributed as dist
 
 from cl_streamkl.attention_kl import _resolve_backend
-from cl_streamkl.kernels.torch_streaming import DEFAULT_CHUNK_SIZE, streaming_backward, streaming_forward
+from cl_streamkl.kernels.backward_inputs import BackwardInputs
+from cl_streamkl.kernels.torch_streaming import (
+    DEFAULT_CHUNK_SIZE,
+    in_input_dtypes,
+    streaming_backward,
+    streaming_forward,
+)
 from cl_streamkl.kernels.validation import (
     REDUCTIONS,
     SUPPORTED_DTYPES,
@@ -179,31 +185,22 @@ def _merge_shards(
 
 
 def _shard_gradients(
-    backend: str,
-    grad_rows: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    q_teacher: torch.Tensor,
-    k_teacher: torch.Tensor,
-    row_kl: torch.Tensor,
-    lse_student: torch.Tensor,
-    lse_teacher: torch.Tensor,
-    problem: AttentionKLProblem,
-    teacher_grad: bool,
+    backend: str, grad_rows: torch.Tensor, saved: BackwardInputs, problem: AttentionKLProblem
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """This shard's share of dq (and dq_teacher) and its exact dk (and dk_teacher)."""
-    if backend == "triton":
-        from cl_streamkl.kernels.triton.launch import BackwardInputs, launch_backward
+    """This shard's share of dq (and dq_teacher) and its exact dk (and dk_teacher).
 
-        grads = launch_backward(grad_rows, BackwardInputs(
-            q, k, q_teacher, k_teacher, row_kl, lse_student, lse_teacher,
-            problem.student_scale, problem.teacher_scale, False, teacher_grad,
-        ))
-        return grads[0], grads[1], *((grads[2], grads[3]) if teacher_grad else (None, None))
+    ``saved`` holds the merged statistics of every rank (natural-log log-sum-exps on the
+    torch backend, base 2 on the triton one).
+    """
+    if backend == "triton":
+        from cl_streamkl.kernels.triton import launch_backward
+
+        grads = launch_backward(grad_rows, saved)
+        return grads[0], grads[1], *((grads[2], grads[3]) if saved.teacher_grad else (None, None))
     # Float32 partial sums: the all-reduce adds them before the cast to the inputs' dtype.
     return streaming_backward(
-        grad_rows, q, k, q_teacher, k_teacher, lse_student, lse_teacher, row_kl,
-        problem, DEFAULT_CHUNK_SIZE, teacher_grad,
+        grad_rows, saved.q, saved.k, saved.q_teacher, saved.k_teacher, saved.lse_student, saved.lse_teacher,
+        saved.row_kl, problem, DEFAULT_CHUNK_SIZE, saved.teacher_grad,
     )
 
 
@@ -233,24 +230,19 @@ class _KeyShardedAttentionKL(torch.autograd.Function):
     def backward(ctx, grad_rows):
         refuse_double_backward()
         q, k, q_teacher, k_teacher, lse_student, lse_teacher, row_kl = ctx.saved_tensors
-        grad_q, grad_k, grad_q_teacher, grad_k_teacher = _shard_gradients(
-            ctx.backend, grad_rows, q, k, q_teacher, k_teacher, lse_student if row_kl is None else row_kl,
-            lse_student, lse_teacher, ctx.problem, ctx.teacher_grad,
+        problem = ctx.problem
+        saved = BackwardInputs(
+            q, k, q_teacher, k_teacher, lse_student if row_kl is None else row_kl, lse_student, lse_teacher,
+            problem.student_scale, problem.teacher_scale, False, ctx.teacher_grad,
         )
+        grad_q, grad_k, grad_q_teacher, grad_k_teacher = _shard_gradients(ctx.backend, grad_rows, saved, problem)
         # Every rank agreed on which inputs require grad, so all of them run the same collectives.
         if ctx.needs_input_grad[0]:
             grad_q = _summed_over_ranks(grad_q, ctx.group)
         if ctx.teacher_grad:
             grad_q_teacher = _summed_over_ranks(grad_q_teacher, ctx.group)
-        return (
-            grad_q.to(q.dtype),
-            grad_k.to(k.dtype),
-            None if grad_q_teacher is None else grad_q_teacher.to(q_teacher.dtype),
-            None if grad_k_teacher is None else grad_k_teacher.to(k_teacher.dtype),
-            None,
-            None,
-            None,
-        )
+        grads = (grad_q, grad_k, grad_q_teacher, grad_k_teacher)
+        return *in_input_dtypes(grads, (q, k, q_teacher, k_teacher)), None, None, None
 
 
 def _collective_device(tensors: tuple[object, ...]) -> torch.device:

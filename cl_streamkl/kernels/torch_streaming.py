@@ -86,6 +86,13 @@ def streaming_forward(
     return row_kl, lse_student, lse_teacher
 
 
+def in_input_dtypes(
+    grads: tuple[torch.Tensor | None, ...], inputs: tuple[torch.Tensor, ...]
+) -> tuple[torch.Tensor | None, ...]:
+    """Each float32 gradient cast to its input's dtype; None (no gradient) stays None."""
+    return tuple(None if grad is None else grad.to(tensor.dtype) for grad, tensor in zip(grads, inputs))
+
+
 def streaming_backward(
     grad_rows: torch.Tensor,
     q: torch.Tensor,
@@ -167,14 +174,8 @@ class _StreamingAttentionKL(torch.autograd.Function):
             ctx.chunk_size,
             teacher_grad,
         )
-        return (
-            grad_q.to(q.dtype),
-            grad_k.to(k.dtype),
-            None if grad_q_teacher is None else grad_q_teacher.to(q_teacher.dtype),
-            None if grad_k_teacher is None else grad_k_teacher.to(k_teacher.dtype),
-            None,
-            None,
-        )
+        grads = (grad_q, grad_k, grad_q_teacher, grad_k_teacher)
+        return *in_input_dtypes(grads, (q, k, q_teacher, k_teacher)), None, None
 
 
 def attention_kl_rows_torch(

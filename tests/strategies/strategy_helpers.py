@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import timm
 import torch
 from avalanche.benchmarks import tensors_benchmark
 from avalanche.training import Naive, Replay
-from avalanche.training.plugins import (
-    EvaluationPlugin,
-    EWCPlugin,
-    LwFPlugin,
-)
+from avalanche.training.plugins import EvaluationPlugin, EWCPlugin, LwFPlugin
 from torch import nn
 
 from cl_streamkl import attention_kl_reference
 from cl_streamkl.capture import QKCapture
+from cl_streamkl.strategies import StreamKLPlugin
 
 IMAGE = (3, 32, 32)
 
@@ -86,3 +85,10 @@ def make_strategy(kind: str, model: nn.Module, plugins: list, evaluator=None):
     return Naive(**common)
 
 
+def plugin_on_tiny_vit(alpha: float, batch: int) -> tuple[nn.Module, StreamKLPlugin, SimpleNamespace]:
+    """A tiny ViT, a torch-backend plugin and a stand-in strategy holding one random batch, training started."""
+    model = tiny_model()
+    plugin = StreamKLPlugin(alpha=alpha, backend="torch")
+    strategy = SimpleNamespace(model=model, mb_x=torch.randn(batch, *IMAGE), loss=torch.zeros(()))
+    plugin.before_training(strategy)
+    return model, plugin, strategy

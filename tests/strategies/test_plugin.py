@@ -7,7 +7,6 @@ import gc
 import io
 import pickle
 import weakref
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -23,10 +22,10 @@ from avalanche.training.plugins import (
     SupervisedPlugin,
 )
 from strategy_helpers import (
-    IMAGE,
     count_hooks,
     make_strategy,
     perturb,
+    plugin_on_tiny_vit,
     reference_penalty,
     tensor_benchmark,
     tiny_model,
@@ -41,11 +40,8 @@ from cl_streamkl.strategies import (
 
 
 def test_plugin_callbacks_capture_once_and_add_penalty() -> None:
-    model = tiny_model()
-    plugin = StreamKLPlugin(alpha=0.5, backend="torch")
-    x = torch.randn(4, *IMAGE)
-    strategy = SimpleNamespace(model=model, mb_x=x, loss=torch.zeros(()))
-    plugin.before_training(strategy)
+    model, plugin, strategy = plugin_on_tiny_vit(alpha=0.5, batch=4)
+    x = strategy.mb_x
 
     forwards = []
     model.blocks[0].register_forward_pre_hook(lambda *_: forwards.append(1))
@@ -77,11 +73,8 @@ def test_plugin_callbacks_capture_once_and_add_penalty() -> None:
 
 
 def test_plugin_under_cpu_bf16_autocast() -> None:
-    model = tiny_model()
-    plugin = StreamKLPlugin(alpha=1.0, backend="torch")
-    x = torch.randn(2, *IMAGE)
-    strategy = SimpleNamespace(model=model, mb_x=x, loss=torch.zeros(()))
-    plugin.before_training(strategy)
+    model, plugin, strategy = plugin_on_tiny_vit(alpha=1.0, batch=2)
+    x = strategy.mb_x
     plugin.after_training_exp(strategy)
     perturb(model, size=0.2)
     with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -12,11 +12,11 @@ from __future__ import annotations
 import contextlib
 import struct
 from collections.abc import Sequence
-from typing import Any, NamedTuple
 
 import torch
 import triton.language as tl
 
+from cl_streamkl.kernels.backward_inputs import BackwardInputs
 from cl_streamkl.kernels.config import get_kernel_options
 from cl_streamkl.kernels.triton.backward import (
     _attention_kl_bwd_dk_kernel,
@@ -30,35 +30,6 @@ from cl_streamkl.kernels.triton.tuning import block_dim, launch_options, length_
 from cl_streamkl.kernels.triton.variants import exp2_constants
 
 LOG2_E = 1.4426950408889634
-
-
-class BackwardInputs(NamedTuple):
-    """What the backward kernels read besides the upstream gradient: the forward's inputs,
-    its outputs and its options. In the grouped launchers each tensor and scale is a list
-    over the L problems.
-
-    Attributes:
-        q, k, q_teacher, k_teacher: the forward's inputs, (B, H, N, D) each.
-        row_kl: the forward's per-row KL, (B, H, Nq) float32; read only for ``teacher_grad``
-            (any float32 tensor of that shape stands in otherwise).
-        lse_student, lse_teacher: the forward's log-sum-exps (base 2), (B, H, Nq) float32.
-        student_scale, teacher_scale: scale / temperature of each side, natural units.
-        causal: whether key j > query i was masked.
-        teacher_grad: whether the teacher's inputs get gradients too.
-    """
-
-    q: Any
-    k: Any
-    q_teacher: Any
-    k_teacher: Any
-    row_kl: torch.Tensor
-    lse_student: torch.Tensor
-    lse_teacher: torch.Tensor
-    student_scale: Any
-    teacher_scale: Any
-    causal: bool
-    teacher_grad: bool
-
 
 def _launcher(kernel, kind: str, extra_keys: tuple[str, ...] = ()) -> KernelLauncher:
     return KernelLauncher(tuned(kernel, kind, extra_keys), replay=not INTERPRETING)

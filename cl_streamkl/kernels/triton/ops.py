@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import torch
 
+from cl_streamkl.kernels.backward_inputs import BackwardInputs
 from cl_streamkl.kernels.triton.launch import (
-    BackwardInputs,
     empty_gradient_for,
     launch_backward,
     launch_forward,
@@ -26,13 +26,8 @@ from cl_streamkl.kernels.validation import AttentionKLProblem, refuse_double_bac
 
 @torch.library.custom_op("cl_streamkl::attention_kl_fwd", mutates_args=())
 def attention_kl_fwd_op(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    q_teacher: torch.Tensor,
-    k_teacher: torch.Tensor,
-    student_scale: float,
-    teacher_scale: float,
-    causal: bool,
+    q: torch.Tensor, k: torch.Tensor, q_teacher: torch.Tensor, k_teacher: torch.Tensor,
+    student_scale: float, teacher_scale: float, causal: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Custom op around :func:`launch_forward` (opaque to, but traceable by, torch.compile)."""
     return launch_forward(q, k, q_teacher, k_teacher, student_scale, teacher_scale, causal)
@@ -44,37 +39,31 @@ def _attention_kl_fwd_fake(q, k, q_teacher, k_teacher, student_scale, teacher_sc
     return rows, torch.empty_like(rows), torch.empty_like(rows)
 
 
-@torch.library.custom_op("cl_streamkl::attention_kl_bwd", mutates_args=())
-def attention_kl_bwd_op(
-    grad_rows: torch.Tensor,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    q_teacher: torch.Tensor,
-    k_teacher: torch.Tensor,
-    row_kl: torch.Tensor,
-    lse_student: torch.Tensor,
-    lse_teacher: torch.Tensor,
-    student_scale: float,
-    teacher_scale: float,
-    causal: bool,
-    teacher_grad: bool,
-) -> list[torch.Tensor]:
-    """Custom op around :func:`launch_backward`: torch.library needs the bundle's fields flat."""
-    return launch_backward(grad_rows, BackwardInputs(
-        q, k, q_teacher, k_teacher, row_kl, lse_student, lse_teacher, student_scale, teacher_scale, causal,
-        teacher_grad,
-    ))
+def _backward_schema(inputs: str, scales: str) -> str:
+    """The backward op's schema: torch.library needs the :class:`BackwardInputs` fields flat.
+
+    Args:
+        inputs: the schema type of q, k, q_teacher and k_teacher ("Tensor" or "Tensor[]").
+        scales: that of the two scales ("float" or "float[]").
+    """
+    types = dict.fromkeys(BackwardInputs._fields, "Tensor")
+    types.update(q=inputs, k=inputs, q_teacher=inputs, k_teacher=inputs, student_scale=scales, teacher_scale=scales,
+                 causal="bool", teacher_grad="bool")
+    fields = ", ".join(f"{types[name]} {name}" for name in BackwardInputs._fields)
+    return f"(Tensor grad_rows, {fields}) -> Tensor[]"
+
+
+@torch.library.custom_op("cl_streamkl::attention_kl_bwd", mutates_args=(), schema=_backward_schema("Tensor", "float"))
+def attention_kl_bwd_op(grad_rows: torch.Tensor, *fields) -> list[torch.Tensor]:
+    """Custom op around :func:`launch_backward`; ``fields`` are those of :class:`BackwardInputs`."""
+    return launch_backward(grad_rows, BackwardInputs(*fields))
 
 
 @attention_kl_bwd_op.register_fake
-def _attention_kl_bwd_fake(
-    grad_rows, q, k, q_teacher, k_teacher, row_kl, lse_student, lse_teacher,
-    student_scale, teacher_scale, causal, teacher_grad,
-):
-    grads = [empty_gradient_for(q), empty_gradient_for(k)]
-    if teacher_grad:
-        grads += [empty_gradient_for(q_teacher), empty_gradient_for(k_teacher)]
-    return grads
+def _attention_kl_bwd_fake(grad_rows, *fields):
+    saved = BackwardInputs(*fields)
+    roles = (saved.q, saved.k, saved.q_teacher, saved.k_teacher) if saved.teacher_grad else (saved.q, saved.k)
+    return [empty_gradient_for(tensor) for tensor in roles]
 
 
 @torch.library.custom_op("cl_streamkl::attention_kl_grouped_fwd", mutates_args=())
@@ -92,26 +81,18 @@ def _attention_kl_grouped_fwd_fake(q, k, q_teacher, k_teacher, student_scales, t
     return rows, torch.empty_like(rows), torch.empty_like(rows)
 
 
-@torch.library.custom_op("cl_streamkl::attention_kl_grouped_bwd", mutates_args=())
-def attention_kl_grouped_bwd_op(
-    grad_rows: torch.Tensor,
-    q: list[torch.Tensor], k: list[torch.Tensor], q_teacher: list[torch.Tensor], k_teacher: list[torch.Tensor],
-    row_kl: torch.Tensor, lse_student: torch.Tensor, lse_teacher: torch.Tensor,
-    student_scales: list[float], teacher_scales: list[float], causal: bool, teacher_grad: bool,
-) -> list[torch.Tensor]:
-    """Custom op around :func:`launch_grouped_backward`, its bundle's fields flat."""
-    return launch_grouped_backward(grad_rows, BackwardInputs(
-        q, k, q_teacher, k_teacher, row_kl, lse_student, lse_teacher, student_scales, teacher_scales, causal,
-        teacher_grad,
-    ))
+@torch.library.custom_op(
+    "cl_streamkl::attention_kl_grouped_bwd", mutates_args=(), schema=_backward_schema("Tensor[]", "float[]")
+)
+def attention_kl_grouped_bwd_op(grad_rows: torch.Tensor, *fields) -> list[torch.Tensor]:
+    """Custom op around :func:`launch_grouped_backward`; ``fields`` as in :func:`attention_kl_bwd_op`, per problem."""
+    return launch_grouped_backward(grad_rows, BackwardInputs(*fields))
 
 
 @attention_kl_grouped_bwd_op.register_fake
-def _attention_kl_grouped_bwd_fake(
-    grad_rows, q, k, q_teacher, k_teacher, row_kl, lse_student, lse_teacher,
-    student_scales, teacher_scales, causal, teacher_grad,
-):
-    roles = (q, k, q_teacher, k_teacher) if teacher_grad else (q, k)
+def _attention_kl_grouped_bwd_fake(grad_rows, *fields):
+    saved = BackwardInputs(*fields)
+    roles = (saved.q, saved.k, saved.q_teacher, saved.k_teacher) if saved.teacher_grad else (saved.q, saved.k)
     return [empty_gradient_for(tensor) for role in roles for tensor in role]
 
 
