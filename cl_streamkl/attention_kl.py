@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from cl_streamkl.kernels.torch_streaming import attention_kl_rows_torch
-from cl_streamkl.kernels.validation import check_grouped_inputs, check_inputs, check_options, reduce_rows
+from cl_streamkl.kernels.validation import AttentionKLOptions, check_grouped_inputs, check_inputs, reduce_rows
 
 
 def _resolve_backend(backend: str, device: torch.device) -> str:
@@ -78,25 +78,22 @@ def attention_kl(
         >>> attention_kl(q, k, qt, kt).shape
         torch.Size([])
     """
-    problem = check_inputs(
-        q,
-        k,
-        q_teacher,
-        k_teacher,
-        scale=scale,
-        teacher_scale=teacher_scale,
-        temperature=temperature,
-        causal=causal,
-        reduction=reduction,
-        backend=backend,
-    )
-    if _resolve_backend(backend, q.device) == "triton":
+    options = AttentionKLOptions(scale, teacher_scale, temperature, causal, reduction, backend)
+    return _attention_kl(q, k, q_teacher, k_teacher, options)
+
+
+def _attention_kl(
+    q: torch.Tensor, k: torch.Tensor, q_teacher: torch.Tensor, k_teacher: torch.Tensor, options: AttentionKLOptions
+) -> torch.Tensor:
+    """:func:`attention_kl` with its options checked already."""
+    problem = check_inputs(q, k, q_teacher, k_teacher, options)
+    if _resolve_backend(options.backend, q.device) == "triton":
         from cl_streamkl.kernels.triton import attention_kl_rows_triton
 
         row_kl = attention_kl_rows_triton(q, k, q_teacher, k_teacher, problem)
     else:
         row_kl = attention_kl_rows_torch(q, k, q_teacher, k_teacher, problem)
-    return reduce_rows(row_kl, reduction)
+    return reduce_rows(row_kl, options.reduction)
 
 
 def attention_kl_grouped(
@@ -145,8 +142,8 @@ def attention_kl_grouped(
         >>> attention_kl_grouped(blocks).shape
         torch.Size([12])
     """
-    options = dict(temperature=temperature, causal=causal, reduction=reduction, backend=backend)
-    checked = check_grouped_inputs(problems, scales=scales, teacher_scales=teacher_scales, **options)
+    options = AttentionKLOptions(temperature=temperature, causal=causal, reduction=reduction, backend=backend)
+    checked = check_grouped_inputs(problems, scales=scales, teacher_scales=teacher_scales, options=options)
     if _resolve_backend(backend, problems[0][0].device) == "triton":
         from cl_streamkl.kernels.triton import attention_kl_rows_triton_grouped
 
@@ -177,20 +174,8 @@ class AttentionKLDivLoss(nn.Module):
         backend: str = "auto",
     ) -> None:
         super().__init__()
-        check_options(
-            scale=scale,
-            teacher_scale=teacher_scale,
-            temperature=temperature,
-            causal=causal,
-            reduction=reduction,
-            backend=backend,
-        )
-        self.scale = scale
-        self.teacher_scale = teacher_scale
-        self.temperature = temperature
-        self.causal = causal
-        self.reduction = reduction
-        self.backend = backend
+        # Checked once here; every forward reuses them.
+        self.options = AttentionKLOptions(scale, teacher_scale, temperature, causal, reduction, backend)
 
     def forward(
         self,
@@ -200,21 +185,11 @@ class AttentionKLDivLoss(nn.Module):
         k_teacher: torch.Tensor,
     ) -> torch.Tensor:
         """See :func:`attention_kl` for shapes and the returned value."""
-        return attention_kl(
-            q,
-            k,
-            q_teacher,
-            k_teacher,
-            scale=self.scale,
-            teacher_scale=self.teacher_scale,
-            temperature=self.temperature,
-            causal=self.causal,
-            reduction=self.reduction,
-            backend=self.backend,
-        )
+        return _attention_kl(q, k, q_teacher, k_teacher, self.options)
 
     def extra_repr(self) -> str:
+        options = self.options
         return (
-            f"temperature={self.temperature}, causal={self.causal}, "
-            f"reduction={self.reduction!r}, backend={self.backend!r}"
+            f"temperature={options.temperature}, causal={options.causal}, "
+            f"reduction={options.reduction!r}, backend={options.backend!r}"
         )

@@ -36,6 +36,7 @@ from cl_streamkl.kernels.torch_streaming import (
 from cl_streamkl.kernels.validation import (
     REDUCTIONS,
     SUPPORTED_DTYPES,
+    AttentionKLOptions,
     AttentionKLProblem,
     check_inputs,
     reduce_rows,
@@ -326,10 +327,8 @@ def attention_kl_key_sharded(
                 "causal=True is not supported for sharded keys: the kernels mask by key index "
                 "within the shard and take no global key offset"
             )
-        problem = check_inputs(
-            q, k, q_teacher, k_teacher, scale=scale, teacher_scale=teacher_scale,
-            temperature=temperature, causal=False, reduction=reduction, backend=backend,
-        )
+        options = AttentionKLOptions(scale, teacher_scale, temperature, False, reduction, backend)
+        problem = check_inputs(q, k, q_teacher, k_teacher, options)
         resolved_backend = _resolve_backend(backend, q.device)
     except (TypeError, ValueError) as error:
         problem, local_error = None, error

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from cl_streamkl.kernels.validation import check_inputs, reduce_rows
+from cl_streamkl.kernels.validation import AttentionKLOptions, check_inputs, reduce_rows
 
 
 def attention_kl_reference(
@@ -42,18 +42,8 @@ def attention_kl_reference(
     Returns:
         A float64 tensor, reduced as asked.
     """
-    problem = check_inputs(
-        q,
-        k,
-        q_teacher,
-        k_teacher,
-        scale=scale,
-        teacher_scale=teacher_scale,
-        temperature=temperature,
-        causal=causal,
-        reduction=reduction,
-        backend="torch",
-    )
+    options = AttentionKLOptions(scale, teacher_scale, temperature, causal, reduction, backend="torch")
+    problem = check_inputs(q, k, q_teacher, k_teacher, options)
     scores_student = (q.double() @ k.double().transpose(-1, -2)) * problem.student_scale
     scores_teacher = (q_teacher.double() @ k_teacher.double().transpose(-1, -2)) * problem.teacher_scale
     if causal:

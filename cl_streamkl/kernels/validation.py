@@ -61,32 +61,37 @@ def _check_positive_number(name: str, value: object) -> float:
     return value
 
 
-def check_options(
-    *,
-    scale: float | None,
-    teacher_scale: float | None,
-    temperature: float,
-    causal: bool,
-    reduction: str,
-    backend: str,
-) -> None:
-    """Validate the keyword options of ``attention_kl`` (no tensors needed).
+@dataclass(frozen=True)
+class AttentionKLOptions:
+    """The keyword options of ``attention_kl``, checked once, when made.
+
+    Attributes: as the keyword arguments of :func:`cl_streamkl.attention_kl`.
 
     Raises:
         TypeError: an option has the wrong type.
         ValueError: an option has an unsupported value.
     """
-    _check_positive_number("temperature", temperature)
-    if scale is not None:
-        _check_positive_number("scale", scale)
-    if teacher_scale is not None:
-        _check_positive_number("teacher_scale", teacher_scale)
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if reduction not in REDUCTIONS:
-        raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+
+    scale: float | None = None
+    teacher_scale: float | None = None
+    temperature: float = 1.0
+    causal: bool = False
+    reduction: str = "mean"
+    backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        # Stored as a float: every later use divides by it.
+        object.__setattr__(self, "temperature", _check_positive_number("temperature", self.temperature))
+        if self.scale is not None:
+            _check_positive_number("scale", self.scale)
+        if self.teacher_scale is not None:
+            _check_positive_number("teacher_scale", self.teacher_scale)
+        if not isinstance(self.causal, bool):
+            raise TypeError(f"causal must be a bool, got {type(self.causal).__name__}")
+        if self.reduction not in REDUCTIONS:
+            raise ValueError(f"reduction must be one of {REDUCTIONS}, got {self.reduction!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
 
 
 def check_inputs(
@@ -94,39 +99,32 @@ def check_inputs(
     k: torch.Tensor,
     q_teacher: torch.Tensor,
     k_teacher: torch.Tensor,
-    *,
-    scale: float | None,
-    teacher_scale: float | None,
-    temperature: float,
-    causal: bool,
-    reduction: str,
-    backend: str,
+    options: AttentionKLOptions,
+    scales: tuple[float | None, float | None] | None = None,
 ) -> AttentionKLProblem:
-    """Validate the four attention inputs and the options; resolve default scales.
+    """Validate the four attention inputs against checked options; resolve default scales.
 
     Args:
         q: student queries, (B, H, Nq, Ds).
         k: student keys, (B, H, Nk, Ds).
         q_teacher: teacher queries, (B, H, Nq, Dt).
         k_teacher: teacher keys, (B, H, Nk, Dt).
-        scale, teacher_scale, temperature, causal, reduction, backend: as in
-            :func:`cl_streamkl.attention_kl`.
+        options: the call's options, already checked.
+        scales: (scale, teacher_scale) in place of the options' (one problem of a grouped call).
 
     Returns:
         The problem sizes and the effective (scale / temperature) factors.
 
     Raises:
-        TypeError: a tensor argument is not a tensor or has an unsupported dtype.
-        ValueError: shapes, devices, strides or options do not fit the contract.
+        TypeError: a tensor argument is not a tensor or has an unsupported dtype, or a scale
+            is not a number.
+        ValueError: shapes, devices, strides or scales do not fit the contract.
     """
-    check_options(
-        scale=scale,
-        teacher_scale=teacher_scale,
-        temperature=temperature,
-        causal=causal,
-        reduction=reduction,
-        backend=backend,
-    )
+    scale, teacher_scale = (options.scale, options.teacher_scale) if scales is None else scales
+    for name, value in (("scale", scale), ("teacher_scale", teacher_scale)):
+        if scales is not None and value is not None:
+            _check_positive_number(name, value)
+    temperature, causal = options.temperature, options.causal
     tensors = (q, k, q_teacher, k_teacher)
     for name, tensor in zip(_TENSOR_NAMES, tensors):
         if not isinstance(tensor, torch.Tensor):
@@ -184,8 +182,8 @@ def check_inputs(
         n_k=k.size(2),
         d_student=d_student,
         d_teacher=d_teacher,
-        student_scale=_check_effective_scale("scale", student_scale, float(temperature)),
-        teacher_scale=_check_effective_scale("teacher_scale", teacher_scale_value, float(temperature)),
+        student_scale=_check_effective_scale("scale", student_scale, temperature),
+        teacher_scale=_check_effective_scale("teacher_scale", teacher_scale_value, temperature),
         causal=causal,
     )
 
@@ -234,10 +232,7 @@ def check_grouped_inputs(
     *,
     scales: float | Sequence[float | None] | None,
     teacher_scales: float | Sequence[float | None] | None,
-    temperature: float,
-    causal: bool,
-    reduction: str,
-    backend: str,
+    options: AttentionKLOptions,
 ) -> list[AttentionKLProblem]:
     """Validate the L problems of ``attention_kl_grouped``: each as :func:`check_inputs` does,
     and all of one shape, dtype and device.
@@ -245,7 +240,7 @@ def check_grouped_inputs(
     Args:
         problems: L tuples (q, k, q_teacher, k_teacher).
         scales, teacher_scales: None, one number for every problem, or L numbers or None.
-        temperature, causal, reduction, backend: as in :func:`cl_streamkl.attention_kl`.
+        options: the call's temperature, causal, reduction and backend, already checked.
 
     Returns:
         Each problem's sizes and effective scales.
@@ -256,9 +251,6 @@ def check_grouped_inputs(
         ValueError: no problems, a problem without four tensors, shapes or devices that differ
             between problems, as many scales as problems, or as :func:`check_inputs`.
     """
-    check_options(
-        scale=None, teacher_scale=None, temperature=temperature, causal=causal, reduction=reduction, backend=backend
-    )
     if isinstance(problems, torch.Tensor) or not isinstance(problems, Sequence):
         raise TypeError(
             f"problems must be a sequence of (q, k, q_teacher, k_teacher) tuples, got {type(problems).__name__}"
@@ -279,15 +271,7 @@ def check_grouped_inputs(
             )
         try:
             checked.append(
-                check_inputs(
-                    *problem,
-                    scale=student_scales[index],
-                    teacher_scale=teacher_scale_values[index],
-                    temperature=temperature,
-                    causal=causal,
-                    reduction=reduction,
-                    backend=backend,
-                )
+                check_inputs(*problem, options, scales=(student_scales[index], teacher_scale_values[index]))
             )
         except (TypeError, ValueError) as error:
             raise type(error)(f"problems[{index}]: {error}") from None

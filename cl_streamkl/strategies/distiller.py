@@ -39,7 +39,7 @@ from cl_streamkl.capture import CompiledQK, LayerSpec, QKCapture, TeacherQK
 from cl_streamkl.capture.compiled import check_compile_options
 from cl_streamkl.capture.layers import check_layer_spec, find_attention_modules
 from cl_streamkl.distributed import unwrap_data_parallel
-from cl_streamkl.kernels.validation import check_options
+from cl_streamkl.kernels.validation import AttentionKLOptions
 from cl_streamkl.strategies.teacher import frozen_copy, named_tensors, restore_frozen_copy
 
 __all__ = ["AttentionDistiller"]
@@ -101,10 +101,8 @@ class AttentionDistiller:
     ) -> None:
         self.alpha = _check_alpha(alpha)
         self.compile_options = check_compile_options(compile_teacher)
-        check_options(
-            scale=None, teacher_scale=None, temperature=temperature, causal=False, reduction="mean", backend=backend
-        )
-        self.temperature = float(temperature)
+        # Checked here, once: a bad temperature or backend fails at construction.
+        self.temperature = AttentionKLOptions(temperature=temperature, backend=backend).temperature
         self.backend = backend
         self.layers: LayerSpec = check_layer_spec(layers)
         self.teacher_updates = 0

@@ -13,7 +13,7 @@ import torch
 from cl_streamkl import AttentionKLDivLoss, attention_kl, attention_kl_reference
 from cl_streamkl.kernels import eager_attention_kl
 from cl_streamkl.kernels.torch_streaming import attention_kl_rows_torch
-from cl_streamkl.kernels.validation import check_inputs
+from cl_streamkl.kernels.validation import AttentionKLOptions, check_inputs
 
 BACKENDS = ["triton", "torch"]
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -272,10 +272,7 @@ def test_torch_backend_streams_over_small_chunks(chunk_size, causal, device):
     torch.manual_seed(8)
     shape = (2, 1, 30, 30, 16, 24, causal)
     q, k, q_t, k_t = make_inputs(shape, torch.float32, device, teacher_grad=True)
-    problem = check_inputs(
-        q, k, q_t, k_t, scale=None, teacher_scale=None, temperature=1.0,
-        causal=causal, reduction="none", backend="torch",
-    )
+    problem = check_inputs(q, k, q_t, k_t, AttentionKLOptions(causal=causal, reduction="none", backend="torch"))
     out = attention_kl_rows_torch(q, k, q_t, k_t, problem, chunk_size=chunk_size)
     ref = attention_kl_reference(q, k, q_t, k_t, causal=causal, reduction="none")
     assert rel_err(out, ref) < 1e-5

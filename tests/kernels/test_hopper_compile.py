@@ -65,8 +65,8 @@ def compile_for_hopper(case: Case):
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from cl_streamkl.kernels.triton import backward, forward
     from cl_streamkl.kernels.config import EXP2_VARIANTS
+    from cl_streamkl.kernels.triton import backward, forward
 
     if case.kind == "fwd":
         kernel = forward._attention_kl_grouped_fwd_kernel if case.grouped else forward._attention_kl_fwd_kernel
