@@ -10,7 +10,7 @@ Three parts, in this order:
     attention_kl calls, one attention_kl_grouped call, and 12 F.scaled_dot_product_attention
     calls (the backend SDPA picked is named from the kernels it launched), with the peak
     memory each allocates per query row (fwd: what stays for backward; fwd+bwd: with gradients).
-(c) each variant of cl_streamkl.kernels.triton.variants timed in fwd, bwd and fwd+bwd against
+(c) each variant of cl_streamkl.kernels.config (EXP2_VARIANTS, grad_after_dot) timed in fwd, bwd and fwd+bwd against
     the default (hardware exponentials), with its error against float64 on the first two heads.
     The loss is reduction="sum": its expanded upstream gradient lets grad-after-dot act in both
     backward kernels (after a "mean", attention_kl's backward materialises the gradient and

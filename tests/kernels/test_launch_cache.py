@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from cl_streamkl.kernels.config import kernel_options
 from cl_streamkl.kernels.triton import tuning
 from cl_streamkl.kernels.triton.launch_cache import KernelLauncher, signature_key
 
@@ -92,6 +93,27 @@ def test_replay_off_always_launches_through_triton():
     for _ in range(3):
         launch(launcher, 17)
     assert [entry[0] for entry in kernel.launches] == ["jit"] * 3
+
+
+def test_fast_launch_switch_off_launches_through_triton_until_switched_on():
+    kernel = FakeAutotunedKernel()
+    launcher = KernelLauncher(kernel, replay=True)
+    with kernel_options(fast_launch=False):
+        for _ in range(2):
+            launch(launcher, 17)
+    launch(launcher, 17)
+    launch(launcher, 17)
+    assert [entry[0] for entry in kernel.launches] == ["jit", "jit", "jit", "replay"]
+
+
+def test_launches_with_their_own_tiles_skip_the_autotuner():
+    untuned, autotuner = FakeAutotunedKernel(), FakeAutotunedKernel()
+    launcher = KernelLauncher(autotuner, replay=False)
+    launcher.untuned = untuned  # what KernelLauncher takes from a real triton.autotune wrapper's ``fn``
+    x = torch.ones(4)
+    launcher((x, 17, 0.5), {"CAUSAL": False}, {"BLOCK_M": 16}, length=17, batch_heads=1, block="BLOCK_M")
+    launcher((x, 17, 0.5), {"CAUSAL": False}, {}, length=17, batch_heads=1, block="BLOCK_M")
+    assert len(untuned.launches) == 1 and len(autotuner.launches) == 1
 
 
 def test_unfamiliar_compiled_kernel_falls_back_to_triton_with_a_warning():
