@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from cl_streamkl import __version__
-from cl_streamkl.cli import _parsers
+from cl_streamkl.experiment.cli import _parsers
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
