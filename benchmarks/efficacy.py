@@ -40,9 +40,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from _harness.efficacy_tables import SCENARIOS, side_by_side
 from _harness.report import write_json
 
-SCENARIOS = ("class", "task", "domain")
 SWEEP_STRATEGIES = ("streamkl", "lwf+streamkl")
 SWEEP_BASELINES = ("naive", "lwf")
 # (alpha, layers, temperature); the first is the CLI's default.
@@ -256,53 +256,6 @@ def markdown(report: dict[str, Any]) -> str:
         busy = sum(part["worker_time_s"].values()) / 60
         lines += ["", f"Compute: {busy:.0f} worker-minutes (sweep {part['worker_time_s']['sweep'] / 60:.0f}, "
                       f"test {part['worker_time_s']['test'] / 60:.0f}); each run is one worker process.", ""]
-    return "\n".join(lines)
-
-
-def side_by_side(reports: Sequence[dict[str, Any]]) -> str:
-    """README's tables: per scenario, every regime's numbers in one table, then the paired ones."""
-    lines = []
-    tokens = [report["settings"]["tokens"] for report in reports]
-    for scenario in SCENARIOS:
-        parts = [report["scenarios"].get(scenario) for report in reports]
-        if not all(parts):
-            continue
-        chosen = "; ".join(f"{n} tokens: alpha {p['chosen']['alpha']:g}, T {p['chosen']['temperature']:g}, "
-                           f"layers {p['chosen']['layers']}" for n, p in zip(tokens, parts))
-        lines += [f"**{scenario}-incremental** (StreamKL setting chosen on validation: {chosen})", ""]
-        keys = [("final_avg_acc", "acc"), ("forgetting", "forgetting"), ("learning_acc", "learning acc")]
-        if scenario == "class":
-            keys.append(("task_il_acc", "Task-IL acc"))
-        header = [f"{title}, {n} tok." for n in tokens for _, title in keys]
-        lines.append("| strategy | " + " | ".join(header) + " |")
-        lines.append("|---|" + "---:|" * len(header))
-        strategies = list(dict.fromkeys(s for p in parts for s in p["table"]))
-        for strategy in strategies:
-            cells = []
-            for p in parts:
-                row = p["table"].get(strategy)
-                cells += [f"{row[key][0]:.1f} ± {row[key][1]:.1f}" if row else "–" for key, _ in keys]
-            lines.append(f"| {strategy} | " + " | ".join(cells) + " |")
-        metrics = ["final_avg_acc", "forgetting"] + (["task_il_acc"] if scenario == "class" else [])
-        header = [f"{metric}, {n} tok." for n in tokens for metric in metrics]
-        lines += ["", "| paired difference (pp, 95 % CI) | " + " | ".join(header) + " |",
-                  "|---|" + "---:|" * len(header)]
-        pairs = list(dict.fromkeys((e["strategy"], e["baseline"]) for p in parts for e in p["paired"]))
-        for strategy, baseline in pairs:
-            cells = []
-            for p in parts:
-                entries = {e["metric"]: e for e in p["paired"] if (e["strategy"], e["baseline"]) == (strategy, baseline)}
-                for metric in metrics:
-                    entry = entries.get(metric)
-                    if entry is None:
-                        cells.append("–")
-                        continue
-                    low, high = entry["ci95"]
-                    significant = low is not None and (low > 0 or high < 0)
-                    text = f"{entry['mean_diff']:+.1f} [{low:+.1f}, {high:+.1f}]" if low is not None else f"{entry['mean_diff']:+.1f}"
-                    cells.append(f"**{text}**" if significant else text)
-            lines.append(f"| {strategy} − {baseline} | " + " | ".join(cells) + " |")
-        lines.append("")
     return "\n".join(lines)
 
 
