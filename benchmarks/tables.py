@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from _harness.efficacy_tables import paired_table, strategy_table
+from _harness.efficacy_tables import chosen_settings, paired_table, strategy_table
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -89,7 +89,11 @@ def provenance(table: dict[str, Any], source: str, with_command: bool) -> str:
 def _efficacy(part: str, document: Path, results: Path) -> list[str]:
     scenario, _, paired = part.partition("-")
     reports = [json.loads((results / name).read_text()) for name in EFFICACY_REPORTS]
-    lines = (paired_table if paired else strategy_table)(reports, scenario)
+    if paired:
+        lines = paired_table(reports, scenario)
+    else:
+        lines = [f"StreamKL setting chosen on validation: {chosen_settings(reports, scenario)}.", "",
+                 *strategy_table(reports, scenario)]
     sources = " and ".join(f"[`{name}`]({_link(results / name, document)})" for name in EFFICACY_REPORTS)
     environments = "; ".join(
         f"{report['settings']['tokens']} tokens: {report['environment']['device']}, torch "
