@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from _harness.efficacy_tables import SCENARIOS, side_by_side
-from _harness.report import write_json
+from _harness.report import add_json_flag, write_json
 
 SWEEP_STRATEGIES = ("streamkl", "lwf+streamkl")
 SWEEP_BASELINES = ("naive", "lwf")
@@ -277,7 +277,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, help="override the regime's epochs (for a quick check)")
     parser.add_argument("--strategies", nargs="+", help="override the regime's strategies (for a quick check)")
     parser.add_argument("--out", type=Path, help="folder for the runs (default: runs/efficacy-<regime>)")
-    parser.add_argument("--json", type=Path, help="write the report here (e.g. benchmarks/results/...)")
+    add_json_flag(parser, "write the report as JSON")
     parser.add_argument("--commit", help="commit to record when the tree has no .git (default: git rev-parse)")
     return parser.parse_args(argv)
 

@@ -22,7 +22,6 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import timm
 import torch
@@ -31,7 +30,7 @@ from torch import nn
 
 from _harness.measure import PeakMemory
 from _harness.options import DTYPES
-from _harness.report import describe_environment, environment_line, write_json
+from _harness.report import add_json_flag, describe_environment, environment_line, write_json
 from cl_streamkl import QKCapture, attention_kl_reference
 from cl_streamkl.strategies import AttentionDistiller
 
@@ -70,7 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--atol", type=float, default=1e-6)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--no-avalanche", action="store_true", help="plain loop even if avalanche imports")
-    parser.add_argument("--json", type=Path, default=None, help="write the rows and summary here")
+    add_json_flag(parser, "write the rows and summary as JSON")
     return parser.parse_args(argv)
 
 
