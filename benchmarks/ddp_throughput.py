@@ -2,7 +2,7 @@
 
 Images per second and peak memory per GPU for each world size, and the scaling over one GPU
 (two GPUs: target 1.85×), of DDP training steps doing the StreamKL plugin's work; the set-up:
-BENCHMARKS.md (Method, Several GPUs).
+docs/benchmarks.md (Method, Several GPUs).
 
 Usage, from the repository root (one GPU per rank; torchrun's standalone rendezvous on this
 host, no network):

@@ -264,7 +264,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--regime", choices=tuple(REGIMES))
     parser.add_argument("--tables", nargs="+", type=Path, metavar="REPORT",
-                        help="print README's side-by-side tables of these reports (one per regime) and exit")
+                        help="print the side-by-side tables of these reports (one per regime) and exit")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1),
                         help="worker processes; 0 runs every unit in this process")

@@ -4,7 +4,7 @@ Two short experiences on random images, the second with the StreamKL penalty, th
 Avalanche's ``Naive`` with :class:`StreamKLPlugin` (or, without Avalanche or with
 ``--no-avalanche``, a plain loop driving :class:`AttentionDistiller`). Every distillation
 iteration's penalty is checked against the float64 reference; the exit code is 1 if any
-check fails. BENCHMARKS.md (Method, The plugin run) has the details.
+check fails. docs/benchmarks.md (Method, The plugin run) has the details.
 
 Examples (from the repository root, with the package installed: ``pip install -e .``)::
 

@@ -3,7 +3,7 @@
 Per shape, the do_bench median of a forward and of a forward+backward beside the summed
 kernel time of the same call (torch.profiler); ``--host-breakdown`` adds the host time per
 call of each layer of the call stack, with and without compiled-kernel replay, and
-``--host-profile`` a cProfile of one forward+backward. See BENCHMARKS.md (Method).
+``--host-profile`` a cProfile of one forward+backward. See docs/benchmarks.md (Method).
 
 Usage (from the repository root, with the package installed: ``pip install -e .``):
 python benchmarks/profile_kernels.py [--shapes 32x12x197x64 8x12x1024x64] [--host-breakdown] [--host-profile]
