@@ -147,8 +147,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not args.check:
                 document.write_text(text)
     for document in stale:
-        verb = "differs from" if args.check else "rewritten from"
-        print(f"{document.relative_to(ROOT)}: {verb} benchmarks/results/ ", file=sys.stderr if args.check else sys.stdout)
+        if args.check:
+            print(f"{document.relative_to(ROOT)}: differs from benchmarks/results/", file=sys.stderr)
+        else:
+            print(f"{document.relative_to(ROOT)}: rewritten from benchmarks/results/")
     if args.check and stale:
         print("run: python benchmarks/tables.py", file=sys.stderr)
         return 1
