@@ -3,13 +3,15 @@
 Times the forward, the backward and both of every implementation (``triton``, ``torch``,
 ``eager``, ``compiled``; ``sdpa``: SDPA's default backend, the fastest attention a user gets,
 cuDNN attention on Hopper, named in each row; ``sdpa_fa2``: SDPA pinned to its flash
-backend, FlashAttention-2) on the same inputs in one process, with the extra memory per query row, after checking each
-problem against the float64 reference. BENCHMARKS.md (Method) says what each column
-measures; its kernel tables come from this script.
+backend, FlashAttention-2) on the same inputs in one process, with the extra memory per query
+row, after checking each problem against the float64 reference. docs/benchmarks.md (Method)
+says what each column measures; the kernel tables of docs/bench-kernel.md come from this
+script. The implementations and the check live in ``_harness.kl_workloads`` and
+``_harness.kl_checks``.
 
 Examples (from the repository root, with the package installed: ``pip install -e .``)::
 
-    python benchmarks/bench_attention_kl.py --json bench.json
+    python benchmarks/bench_attention_kl.py --json          # benchmarks/results/bench_attention_kl-<date>.json
     python benchmarks/bench_attention_kl.py --quick
     python benchmarks/bench_attention_kl.py --shapes 4x12x4096x64 --modes fwd --impls triton sdpa
     TRITON_INTERPRET=1 python benchmarks/bench_attention_kl.py --device cpu \\
@@ -21,27 +23,19 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from _harness.measure import PeakMemory, free_memory, gpu_kernel_times_us, median_ms, relative_error, sync
-from _harness.options import DTYPES, KL_IMPLEMENTATIONS, Shape, add_run_flags, checked_device, parse_shape, shape_label
+from _harness.kl_checks import CheckResult, check_problem
+from _harness.kl_workloads import IMPLEMENTATIONS, MODES, Problem, Workload, make_inputs, make_workload
+from _harness.kl_workloads import peak_extra_bytes
+from _harness.measure import free_memory, gpu_kernel_times_us, median_ms, sync
+from _harness.options import DTYPES, Shape, add_run_flags, checked_device, parse_shape, shape_label
 from _harness.report import aligned, cell, describe_environment, environment_line, header_line, run_settings, write_json
-from cl_streamkl import attention_kl, attention_kl_reference
-from cl_streamkl.kernels import eager_attention_kl
 from cl_streamkl.kernels.triton import INTERPRETING, KERNEL_LAUNCHERS
-
-IMPLEMENTATIONS = ("triton", "torch", "eager", "compiled", "sdpa", "sdpa_fa2")
-SDPA_IMPLEMENTATIONS = ("sdpa", "sdpa_fa2")
-# torch._fused_sdp_choice's answer → the backend's name (torch.nn.attention.SDPBackend order).
-_SDPA_CHOICES = {int(b): name.lower().removesuffix("_attention") for name, b in SDPBackend.__members__.items()
-                 if name not in ("ERROR", "OVERRIDEABLE")}
-MODES = ("fwd", "bwd", "fwd+bwd")
 
 DEFAULT_SHAPES: tuple[Shape, ...] = (
     (8, 12, 1024, 64),
@@ -59,53 +53,6 @@ DEFAULT_CAUSAL_SHAPES: tuple[Shape, ...] = ((1, 12, 8192, 64),)
 QUICK_SHAPES: tuple[Shape, ...] = ((2, 12, 4096, 64), (32, 12, 197, 64))
 QUICK_FP32_SHAPES: tuple[Shape, ...] = ()
 QUICK_CAUSAL_SHAPES: tuple[Shape, ...] = ()
-
-CHECK_MAX_HEADS = 2
-# The check keeps the problem's length, so the Triton kernels run with the tiles tuned for
-# its length bucket and with its ragged tail (a check clipped to 1024 tokens once hid a
-# tail-tile bug at 4097). Past 16384 tokens the float64 reference's (N, N) matrices would
-# need far more than 20 GiB.
-CHECK_MAX_SEQ = 16384
-CHECK_ONE_HEAD_FROM_SEQ = 2049
-# Loose sanity bounds for the pre-timing check: a kernel bug gives O(1) errors, while
-# bfloat16 rounding of the scores (eager) or of dQ/dK (every implementation) stays near 1e-2.
-CHECK_BOUNDS = {torch.float32: 1e-3, torch.float16: 2e-2, torch.bfloat16: 5e-2}
-
-# Matrix products (each 2·B·H·N²·D FLOP) per call behind the TFLOP/s-equivalent column. Every
-# KL implementation gets the KL count (fwd: QKᵀ of student and teacher; bwd: both recomputed,
-# dQ = dS·K, dK = dSᵀ·Q), whatever it actually computes; SDPA gets FlashAttention's.
-KL_FLOP_PRODUCTS = {"fwd": 2, "bwd": 4, "fwd+bwd": 6}
-SDPA_FLOP_PRODUCTS = {"fwd": 2, "bwd": 5, "fwd+bwd": 7}
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One benchmark problem: q, k, v, teacher q, k all of shape (batch, heads, seq, head_dim)."""
-
-    batch: int
-    heads: int
-    seq: int
-    head_dim: int
-    dtype: torch.dtype
-    causal: bool = False
-
-    @property
-    def shape(self) -> Shape:
-        return (self.batch, self.heads, self.seq, self.head_dim)
-
-    @property
-    def label(self) -> str:
-        return shape_label(self.shape)
-
-    @property
-    def dtype_name(self) -> str:
-        return next(name for name, dtype in DTYPES.items() if dtype == self.dtype)
-
-    def flops(self, impl: str, mode: str) -> float:
-        """FLOP-equivalent of one call, per the product counts above (halved for causal)."""
-        products = (SDPA_FLOP_PRODUCTS if impl in SDPA_IMPLEMENTATIONS else KL_FLOP_PRODUCTS)[mode]
-        flops = 2.0 * products * self.batch * self.heads * self.seq**2 * self.head_dim
-        return flops / 2 if self.causal else flops
 
 
 @dataclass
@@ -133,165 +80,6 @@ class Row:
     @property
     def oom(self) -> bool:
         return self.ms is None
-
-
-@dataclass
-class CheckResult:
-    """Relative RMS errors of one implementation against the float64 reference."""
-
-    impl: str
-    shape: str
-    dtype: str
-    causal: bool
-    checked_shape: str
-    kl: float
-    dq: float
-    dk: float
-    bound: float
-    passed: bool = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.passed = max(self.kl, self.dq, self.dk) <= self.bound
-
-
-@dataclass
-class Workload:
-    """Inputs and the forward/backward closures of one implementation on one problem.
-
-    Attributes:
-        leaves: tensors whose gradients the backward produces (cleared between calls).
-        forward: runs the forward and returns its output (a scalar loss, or SDPA's
-            (B, H, N, D) output).
-        backward: ``backward(output, retain_graph)`` back-propagates from ``output``.
-        backend: which kernel family runs (only SDPA chooses one).
-    """
-
-    leaves: list[torch.Tensor]
-    forward: Callable[[], torch.Tensor]
-    backward: Callable[[torch.Tensor, bool], None]
-    backend: str = ""
-
-    def clear_grads(self) -> None:
-        for tensor in self.leaves:
-            tensor.grad = None
-
-    def grad_bytes(self) -> int:
-        return sum(t.grad.nbytes for t in self.leaves if t.grad is not None)
-
-
-def make_inputs(problem: Problem, device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random student/teacher q, k, SDPA's v and upstream gradient, all (B, H, N, D)."""
-    generator = torch.Generator(device=device).manual_seed(seed)
-
-    def tensor(requires_grad: bool) -> torch.Tensor:
-        values = torch.randn(problem.shape, generator=generator, device=device, dtype=problem.dtype)
-        return values.requires_grad_(requires_grad)
-
-    return {
-        "q": tensor(True),
-        "k": tensor(True),
-        "v": tensor(True),
-        "q_teacher": tensor(False),
-        "k_teacher": tensor(False),
-        "grad_out": tensor(False),
-    }
-
-
-def _default_sdpa_backend(inputs: dict[str, torch.Tensor], causal: bool) -> str:
-    """The backend F.scaled_dot_product_attention picks for these inputs when left alone."""
-    choice = torch._fused_sdp_choice(inputs["q"], inputs["k"], inputs["v"], is_causal=causal)
-    return _SDPA_CHOICES.get(int(choice), f"backend {int(choice)}")
-
-
-def _pick_sdpa_backend(inputs: dict[str, torch.Tensor], causal: bool) -> SDPBackend:
-    # Eligibility depends on dtype, head dim and device, not on N, so a tiny slice decides.
-    q, k, v = (inputs[name][:1, :1, :16] for name in ("q", "k", "v"))
-    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
-        try:
-            with sdpa_kernel(backend):
-                F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-        except RuntimeError:
-            continue
-        return backend
-    return SDPBackend.MATH
-
-
-def _backward_scalar(output: torch.Tensor, retain_graph: bool) -> None:
-    output.backward(retain_graph=retain_graph)
-
-
-def make_workload(impl: str, problem: Problem, inputs: dict[str, torch.Tensor]) -> Workload:
-    """Bind one implementation to the problem's inputs.
-
-    Raises:
-        ValueError: ``impl`` is not one of :data:`IMPLEMENTATIONS`.
-    """
-    q, k, v = inputs["q"], inputs["k"], inputs["v"]
-    q_teacher, k_teacher = inputs["q_teacher"], inputs["k_teacher"]
-    causal = problem.causal
-    if impl in KL_IMPLEMENTATIONS:
-        return Workload(
-            leaves=[q, k],
-            forward=lambda: attention_kl(q, k, q_teacher, k_teacher, causal=causal, backend=impl),
-            backward=_backward_scalar,
-        )
-    if impl == "eager":
-        return Workload(
-            leaves=[q, k],
-            forward=lambda: eager_attention_kl(q, k, q_teacher, k_teacher, causal=causal),
-            backward=_backward_scalar,
-        )
-    if impl == "compiled":
-        # A fresh static graph per problem; without the reset, the recompile limit would
-        # silently send later shapes back to eager.
-        torch._dynamo.reset()
-        compiled = torch.compile(eager_attention_kl, dynamic=False)
-        return Workload(
-            leaves=[q, k],
-            forward=lambda: compiled(q, k, q_teacher, k_teacher, causal=causal),
-            backward=_backward_scalar,
-        )
-    if impl in SDPA_IMPLEMENTATIONS:
-        pinned = _pick_sdpa_backend(inputs, causal) if impl == "sdpa_fa2" else None
-        grad_out = inputs["grad_out"]
-
-        def forward() -> torch.Tensor:
-            if pinned is None:
-                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-            with sdpa_kernel(pinned):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-        def backward(output: torch.Tensor, retain_graph: bool) -> None:
-            output.backward(grad_out, retain_graph=retain_graph)
-
-        return Workload(
-            leaves=[q, k, v],
-            forward=forward,
-            backward=backward,
-            backend=(_default_sdpa_backend(inputs, causal) if pinned is None
-                     else pinned.name.lower().removesuffix("_attention")),
-        )
-    raise ValueError(f"impl must be one of {IMPLEMENTATIONS}, got {impl!r}")
-
-
-def _peak_extra_bytes(workload: Workload, mode: str, device: torch.device) -> int | None:
-    """Peak memory of one call of ``mode`` beyond its inputs, outputs and gradients (CUDA only)."""
-    if device.type != "cuda":
-        return None
-    workload.clear_grads()
-    output = workload.forward() if mode == "bwd" else None
-    kept = 0
-    with PeakMemory(device) as memory:
-        if mode == "bwd":
-            workload.backward(output, False)
-        else:
-            output = workload.forward()
-            kept += output.nbytes
-            if mode == "fwd+bwd":
-                workload.backward(output, False)
-    kept += workload.grad_bytes()
-    workload.clear_grads()
-    return memory.extra_bytes - kept
 
 
 def measure_row(
@@ -340,7 +128,7 @@ def measure_row(
     if mode == "bwd":
         del output, step
     workload.clear_grads()
-    extra = _peak_extra_bytes(workload, mode, device)
+    extra = peak_extra_bytes(workload, mode, device)
     rows = problem.batch * problem.heads * problem.seq
     return Row(
         impl=impl,
@@ -380,53 +168,6 @@ def add_ratios(rows: list[Row]) -> None:
         compiled_gpu = gpu_times.get(("compiled", row.mode))
         if row.gpu_ms and compiled_gpu:
             row.gpu_speedup_vs_compiled = compiled_gpu / row.gpu_ms
-
-
-def checked_problem(problem: Problem) -> Problem:
-    """The smaller problem :func:`check_problem` compares with float64 (see there)."""
-    heads = 1 if problem.seq >= CHECK_ONE_HEAD_FROM_SEQ else min(problem.heads, CHECK_MAX_HEADS)
-    return Problem(1, heads, min(problem.seq, CHECK_MAX_SEQ), problem.head_dim, problem.dtype, problem.causal)
-
-
-def check_problem(problem: Problem, impls: Sequence[str], device: torch.device) -> list[CheckResult]:
-    """Compare the KL implementations in ``impls`` with the float64 reference on a small problem.
-
-    The checked problem keeps N (up to :data:`CHECK_MAX_SEQ`), D, dtype and causality but
-    has B = 1 and H ≤ 2 (one head from :data:`CHECK_ONE_HEAD_FROM_SEQ` tokens), so the
-    reference's (N, N) float64 matrices stay a few GiB. ``compiled`` is skipped (it is the
-    eager code, and compiling an extra shape costs more than the check is worth).
-    """
-    checked = checked_problem(problem)
-    inputs = make_inputs(checked, device, seed=1)
-    q, k, q_teacher, k_teacher = (inputs[name] for name in ("q", "k", "q_teacher", "k_teacher"))
-    weight = torch.rand(checked.shape[:3], device=device, dtype=torch.float64)
-    reference_rows = attention_kl_reference(
-        q, k, q_teacher, k_teacher, causal=problem.causal, reduction="none"
-    )
-    reference_dq, reference_dk = torch.autograd.grad((reference_rows * weight).sum(), (q, k))
-    results = []
-    for impl in impls:
-        if impl in KL_IMPLEMENTATIONS:
-            rows = attention_kl(q, k, q_teacher, k_teacher, causal=problem.causal, reduction="none", backend=impl)
-        elif impl == "eager":
-            rows = eager_attention_kl(q, k, q_teacher, k_teacher, causal=problem.causal, reduction="none")
-        else:
-            continue
-        dq, dk = torch.autograd.grad((rows * weight).sum(), (q, k))
-        results.append(
-            CheckResult(
-                impl=impl,
-                shape=problem.label,
-                dtype=problem.dtype_name,
-                causal=problem.causal,
-                checked_shape=checked.label,
-                kl=relative_error(rows, reference_rows),
-                dq=relative_error(dq, reference_dq),
-                dk=relative_error(dk, reference_dk),
-                bound=CHECK_BOUNDS[problem.dtype],
-            )
-        )
-    return results
 
 
 def benchmark_problem(

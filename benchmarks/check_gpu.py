@@ -9,7 +9,7 @@ Checks, on CUDA, against the float64 materialising reference:
 Then times (1, 12, 8192, 64) bf16 fwd and fwd+bwd beside SDPA and eager PyTorch.
 
 Usage (from the repository root, with the package installed: ``pip install -e .``):
-python benchmarks/check_gpu.py [--skip-timing] [--skip-checks]
+python benchmarks/check_gpu.py [--skip-timing] [--skip-checks] [--json [PATH]]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from _harness.measure import median_ms, relative_error
 from _harness.options import DTYPES
-from _harness.report import describe_environment, environment_line
+from _harness.report import add_json_flag, describe_environment, environment_line, run_settings, write_json
 from cl_streamkl import attention_kl, attention_kl_reference
 from cl_streamkl.kernels import eager_attention_kl
 
@@ -152,20 +152,27 @@ def main() -> None:
     parser.add_argument(
         "--commit", default=None, help="commit to print (default: git rev-parse HEAD, which a copied tree may lack)"
     )
+    add_json_flag(parser, "also write the checks and timings as JSON")
     args = parser.parse_args()
-    print("# " + environment_line(describe_environment(torch.device("cuda"), args.commit)))
+    environment = describe_environment(torch.device("cuda"), args.commit)
+    print("# " + environment_line(environment))
     torch.manual_seed(0)
-    failures = 0 if args.skip_checks else run_checks(args.lengths, args.dtypes, not args.skip_extras)
+    checks = [] if args.skip_checks else run_checks(args.lengths, args.dtypes, not args.skip_extras)
+    timings = []
     if not args.skip_timing:
         print("\n| impl | mode | ms (1,12,8192,64) bf16 |\n|---|---|---|")
         for name, mode, ms in time_first_table():
             print(f"| {name} | {mode} | {ms:.3f} |")
-    sys.exit(1 if failures else 0)
+            timings.append({"impl": name, "mode": mode, "ms": ms})
+    if args.json is not None:
+        write_json(args.json, {"environment": environment, "settings": run_settings(args), "checks": checks,
+                               "timings": timings})
+    sys.exit(1 if any(not check["ok"] for check in checks) else 0)
 
 
-def run_checks(lengths: list[int], dtype_names: list[str], extras: bool) -> int:
-    """Print one line per check; return how many failed."""
-    failures = 0
+def run_checks(lengths: list[int], dtype_names: list[str], extras: bool) -> list[dict]:
+    """Print one line per check; return each check's name, errors and verdict."""
+    records = []
     for n in lengths:
         for dtype_name in dtype_names:
             dtype = DTYPES[dtype_name]
@@ -173,36 +180,34 @@ def run_checks(lengths: list[int], dtype_names: list[str], extras: bool) -> int:
                 result = check_case(2 if n < 4096 else 1, 2, n, 64, dtype, causal, teacher_grad)
                 bound_fwd, bound_grad = (1e-4, 2e-5) if dtype == torch.float32 else (1e-4, 2e-2)
                 ok = result["fwd"] < bound_fwd and result["grads"] < bound_grad
-                failures += not ok
-                print(
-                    f"N={n:5d} {dtype_name} causal={causal!s:5} teacher_grad={teacher_grad!s:5} "
-                    f"fwd_err={result['fwd']:.2e} grad_err={result['grads']:.2e} {'ok' if ok else 'FAIL'}"
-                )
+                name = f"N={n:5d} {dtype_name} causal={causal!s:5} teacher_grad={teacher_grad!s:5}"
+                records.append({"name": name, "fwd_err": result["fwd"], "grad_err": result["grads"], "ok": ok})
+                print(f"{name} fwd_err={result['fwd']:.2e} grad_err={result['grads']:.2e} {'ok' if ok else 'FAIL'}")
     if extras:
-        failures += run_extra_checks()
-    print(f"correctness failures: {failures}")
-    return failures
+        records += run_extra_checks()
+    print(f"correctness failures: {sum(not record['ok'] for record in records)}")
+    return records
 
 
-def run_extra_checks() -> int:
+def run_extra_checks() -> list[dict]:
     """Head dims, strided views (values, gradients and their layout), int64 offsets and torch.compile;
-    return how many failed."""
-    failures = 0
+    return each check's name, errors and verdict."""
+    records = []
     bf16_cases = {f"D={dim} bf16": functools.partial(check_case, 1, 2, 577, dim, torch.bfloat16, teacher_grad=True)
                   for dim in (32, 80, 128, 256)}
     bf16_cases["strided timm views bf16 (grads in the inputs' layout)"] = check_strided_timm_views
     for name, check in bf16_cases.items():
         result = check()
         ok = result["fwd"] < 1e-4 and result["grads"] < 2e-2
-        failures += not ok
+        records.append({"name": name, "fwd_err": result["fwd"], "grad_err": result["grads"], "ok": ok})
         print(f"{name} fwd_err={result['fwd']:.2e} grad_err={result['grads']:.2e} {'ok' if ok else 'FAIL'}")
     for name, check in (("int64 offsets N=131072", check_int64_offsets), ("torch.compile fullgraph", check_compile)):
         err = check()
         ok = err < 1e-4
-        failures += not ok
+        records.append({"name": name, "fwd_err": err, "grad_err": None, "ok": ok})
         print(f"{name}: rel_err={err:.2e} {'ok' if ok else 'FAIL'}")
         torch.cuda.empty_cache()
-    return failures
+    return records
 
 
 if __name__ == "__main__":

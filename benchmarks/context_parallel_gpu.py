@@ -9,7 +9,7 @@ Out of memory on one GPU is reported as OOM; in the sharded run it ends the job 
 ranks are waiting in a collective).
 
 Usage, from the repository root (NCCL, one GPU per rank; exits 1 if a check fails):
-    torchrun --nproc_per_node 2 benchmarks/context_parallel_gpu.py [--json out.json]
+    torchrun --nproc_per_node 2 benchmarks/context_parallel_gpu.py [--json [PATH]]
     python -m torch.distributed.run --standalone --nproc_per_node 2 \\
         benchmarks/context_parallel_gpu.py --smoke      # gloo on the CPU, tiny sizes
 """
@@ -21,7 +21,6 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -30,7 +29,7 @@ from _harness.distributed import start_process_group
 from _harness.measure import PeakMemory, relative_error, sync
 from _harness.options import DTYPES
 from _harness.report import (
-    aligned, cell, describe_environment, environment_line, header_line, run_settings, write_json,
+    add_json_flag, aligned, cell, describe_environment, environment_line, header_line, run_settings, write_json,
 )
 from cl_streamkl import attention_kl, attention_kl_reference
 from cl_streamkl.distributed import attention_kl_key_sharded
@@ -54,7 +53,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--check-rows", type=int, default=64, help="query rows compared with float64")
     parser.add_argument("--autotune", action="store_true", help="autotune the tiles (default: heuristic tiles)")
     parser.add_argument("--smoke", action="store_true", help="gloo on the CPU at tiny sizes")
-    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write results here")
+    add_json_flag(parser)
     parser.add_argument("--commit", default=None, help="commit to print when the tree has no .git")
     args = parser.parse_args()
     if args.smoke:

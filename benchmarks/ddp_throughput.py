@@ -2,12 +2,12 @@
 
 Images per second and peak memory per GPU for each world size, and the scaling over one GPU
 (two GPUs: target 1.85×), of DDP training steps doing the StreamKL plugin's work; the set-up:
-BENCHMARKS.md (Method, Several GPUs).
+docs/benchmarks.md (Method, Several GPUs).
 
 Usage, from the repository root (one GPU per rank; torchrun's standalone rendezvous on this
 host, no network):
-    python benchmarks/ddp_throughput.py [--json out.json]      # 1 and 2 GPUs, then the table
-    torchrun --nproc_per_node 2 benchmarks/ddp_throughput.py [--json out.json]   # one world size
+    python benchmarks/ddp_throughput.py [--json [PATH]]        # 1 and 2 GPUs, then the table
+    torchrun --nproc_per_node 2 benchmarks/ddp_throughput.py [--json [PATH]]     # one world size
     python benchmarks/ddp_throughput.py --smoke                 # gloo on the CPU, tiny sizes
 """
 
@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from _harness.distributed import start_process_group
-from _harness.report import aligned, cell, describe_environment, environment_line, header_line, run_settings, write_json
+from _harness.report import add_json_flag, aligned, cell, describe_environment, environment_line, header_line, run_settings, write_json
 from _harness.vit_training import DEFAULT_MODEL, TINY_MODEL_KWARGS, Trainer, build_distiller, build_model, time_steps
 
 TARGET_SCALING = 1.85
@@ -44,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=20, help="timed steps, the median reported (default: 20)")
     parser.add_argument("--timeout-s", type=float, default=170.0, help="limit per world size (default: 170)")
     parser.add_argument("--smoke", action="store_true", help="gloo on the CPU: a tiny ViT, batch 2, 2 steps")
-    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write results here")
+    add_json_flag(parser)
     parser.add_argument("--commit", default=None, help="commit to print when the tree has no .git")
     args = parser.parse_args(argv)
     if args.smoke:

@@ -3,12 +3,13 @@
 Trains a timm ViT-B/16 at 197, 1025 and 4097 tokens with (a) no distillation, (b) the usual
 penalty materialising both attention maps, (c) StreamKL triton, (d) StreamKL torch and, on
 request, (t) the teacher's forward without a penalty; checks that the penalties agree,
-times a step at a fixed batch and searches the largest batch that fits. BENCHMARKS.md
-(Method, Training steps) describes the set-up and the three phases.
+times a step at a fixed batch and searches the largest batch that fits. docs/benchmarks.md
+(Method, Training steps) describes the set-up and the three phases; the check and the search
+live in ``_harness.penalty_check`` and ``_harness.batch_search``.
 
 Examples (from the repository root, with the package installed: ``pip install -e .``)::
 
-    python benchmarks/e2e_distillation.py --json e2e.json --plot e2e.png
+    python benchmarks/e2e_distillation.py --json --plot e2e.png   # JSON: benchmarks/results/
     python benchmarks/e2e_distillation.py --device cpu --tiny --methods none eager torch
 """
 
@@ -16,36 +17,29 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 
-from _harness.measure import free_memory, sync
+from _harness.batch_search import batch_fits, largest_batch
+from _harness.measure import free_memory
 from _harness.options import add_compile_teacher_flag, add_run_flags, checked_device
 from _harness.options import compile_teacher_option, describe_teacher
+from _harness.penalty_check import PENALTY_METHODS, PenaltyCheck, check_penalties, format_check
 from _harness.report import aligned, cell, describe_environment, environment_line, header_line, run_settings, write_json
 from _harness.vit_training import (
     DEFAULT_MODEL,
     EXTRA_METHODS,
     METHODS,
     TINY_MODEL_KWARGS,
-    Trainer,
-    build_distiller,
-    build_model,
     build_trainer,
-    random_batch,
     time_steps,
 )
-from cl_streamkl import attention_kl_reference
-from cl_streamkl.capture import QKCapture
-from cl_streamkl.strategies import frozen_copy
 
 METHOD_LABELS = {
     "none": "(a) no distillation",
@@ -54,20 +48,16 @@ METHOD_LABELS = {
     "torch": "(d) StreamKL torch",
     "teacher": "(t) teacher fwd, no KL",
 }
-PENALTY_METHODS = ("eager", "triton", "torch")
 
 DEFAULT_IMAGE_SIZES = (224, 512, 1024)
 DEFAULT_BATCHES = (64, 16, 4)
 # The batch search never goes past this many tokens per step, so a search cannot run away;
 # by a rough activation count ViT-B/16 training needs over 200 GB there.
 MAX_TOKENS_PER_STEP = 2**19
-SEARCH_PRECISION = 32
 
 TINY_IMAGE_SIZES = (32, 48)
 TINY_BATCHES = (2, 2)
 TINY_MAX_BATCH = 8
-
-PERTURBATION_STD = 0.02
 
 
 @dataclass
@@ -90,176 +80,8 @@ class Result:
     search_s: float | None = None
 
 
-@dataclass
-class PenaltyCheck:
-    """Penalty values of (b), (c), (d) and the float64 reference on one batch."""
-
-    image_size: int
-    tokens: int
-    batch: int
-    values: dict[str, float]
-    reference: float
-    max_pairwise_rel: float
-    rtol: float
-
-    @property
-    def passed(self) -> bool:
-        return self.max_pairwise_rel <= self.rtol
-
-
-def batch_fits(trainer: Trainer, batch: int, image_size: int, steps: int) -> bool:
-    """Whether ``steps`` training steps at ``batch`` run without running out of memory."""
-    try:
-        images, labels = random_batch(batch, image_size, trainer.num_classes, trainer.device)
-        for _ in range(steps):
-            trainer.step(images, labels)
-        sync(trainer.device)
-    except torch.OutOfMemoryError:
-        fits = False
-    else:
-        fits = True
-    trainer.optimizer.zero_grad(set_to_none=True)
-    free_memory(trainer.device, collect=not fits)
-    return fits
-
-
-def _next_probe(largest_fit: int, smallest_fail: int, cap: int) -> int:
-    if smallest_fail > cap:  # no failure seen yet: grow
-        return max(1, min(2 * largest_fit, cap))
-    if largest_fit == 0:  # only failures seen: shrink
-        return smallest_fail // 2
-    return (largest_fit + smallest_fail) // 2
-
-
-def largest_batch(
-    fits: Callable[[int], bool],
-    start: int,
-    cap: int,
-    deadline: float,
-    known_fit: int = 0,
-    known_fail: int | None = None,
-) -> tuple[int, bool]:
-    """Largest batch ≤ ``cap`` for which ``fits`` holds.
-
-    Probes ``start`` first, then doubles (or halves, while nothing fits) until the limit is
-    bracketed, then bisects until the gap is at most 1/``SEARCH_PRECISION`` of the batch.
-
-    Args:
-        fits: runs a probe at a batch size; False means out of memory.
-        start: first batch to probe.
-        cap: largest batch worth trying.
-        deadline: ``time.perf_counter()`` value after which no new probe starts.
-        known_fit: a batch already known to fit (0: none).
-        known_fail: a batch already known not to fit (None: none).
-
-    Returns:
-        (batch, exact): batch 0 means even 1 does not fit; ``exact`` is False when the
-        deadline stopped the search or ``cap`` itself fits (the answer is then a lower bound).
-    """
-    # Every probe lies strictly inside (largest_fit, smallest_fail), so the bracket shrinks
-    # each time and the search ends.
-    largest_fit = min(known_fit, cap)
-    smallest_fail = cap + 1 if known_fail is None else min(known_fail, cap + 1)
-    probe = min(start, cap)
-    if not largest_fit < probe < smallest_fail:
-        probe = _next_probe(largest_fit, smallest_fail, cap)
-    while smallest_fail - largest_fit > max(1, largest_fit // SEARCH_PRECISION):
-        if time.perf_counter() > deadline:
-            return largest_fit, False
-        if fits(probe):
-            largest_fit = probe
-        else:
-            smallest_fail = probe
-        probe = _next_probe(largest_fit, smallest_fail, cap)
-    return largest_fit, smallest_fail <= cap
-
-
-def _perturb(model: nn.Module, std: float) -> None:
-    # Teacher and student start identical (KL = 0); noise gives a penalty worth comparing.
-    generator = torch.Generator(device="cpu").manual_seed(1)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            noise = torch.randn(parameter.shape, generator=generator) * std
-            parameter.add_(noise.to(parameter.device, parameter.dtype))
-
-
-def check_penalties(
-    methods: Sequence[str],
-    model_name: str,
-    model_kwargs: dict,
-    image_size: int,
-    batch: int,
-    alpha: float,
-    rtol: float,
-    device: torch.device,
-    compile_teacher: bool | Mapping[str, Any] = False,
-) -> PenaltyCheck:
-    """Penalty of each method in ``methods`` ∩ (b, c, d) and the float64 reference, one batch.
-
-    The teacher snapshot is taken, then the student is perturbed; every method sees the
-    same student, teacher weights and images under bf16 autocast.
-    """
-    torch.manual_seed(0)
-    model = build_model(model_name, model_kwargs, image_size, device).eval()
-    distillers = {
-        method: build_distiller(method, alpha, compile_teacher) for method in methods if method in PENALTY_METHODS
-    }
-    for distiller in distillers.values():
-        distiller.update_teacher(model)
-    teacher = frozen_copy(model)
-    _perturb(model, PERTURBATION_STD)
-    images, _ = random_batch(batch, image_size, model.num_classes, device)
-    values = {}
-    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
-        for method, distiller in distillers.items():
-            with distiller.student_capture(model) as capture:
-                model(images)
-            values[method] = float(distiller.penalty(images, capture.qk, student_scales=capture.scales))
-        with QKCapture(model, layers="all") as student, QKCapture(teacher, layers="all") as teacher_capture:
-            model(images)
-            teacher(images)
-    with torch.no_grad():
-        reference = alpha * statistics.fmean(
-            float(attention_kl_reference(q, k, q_teacher, k_teacher, scale=scale, teacher_scale=teacher_scale))
-            for (q, k), (q_teacher, k_teacher), scale, teacher_scale in zip(
-                student.qk, teacher_capture.qk, student.scales, teacher_capture.scales
-            )
-        )
-    pairs = [(a, b) for i, a in enumerate(values) for b in list(values)[i + 1 :]]
-    max_pairwise = max((_relative_gap(values[a], values[b]) for a, b in pairs), default=0.0)
-    return PenaltyCheck(
-        image_size=image_size,
-        tokens=_tokens(model),
-        batch=batch,
-        values=values,
-        reference=reference,
-        max_pairwise_rel=max_pairwise,
-        rtol=rtol,
-    )
-
-
-def _relative_gap(value: float, other: float) -> float:
-    scale = max(abs(value), abs(other))
-    return abs(value - other) / scale if scale > 0 else 0.0
-
-
 def _tokens(model: nn.Module) -> int:
     return model.patch_embed.num_patches + getattr(model, "num_prefix_tokens", 1)
-
-
-def format_check(check: PenaltyCheck) -> str:
-    """One line: each method's penalty, its gap to the float64 reference, the pass verdict."""
-    parts = [
-        f"{method} {value:.6g} (ref {_relative_gap(value, check.reference):.1e})"
-        for method, value in check.values.items()
-    ]
-    verdict = "ok" if check.passed else "FAIL"
-    return (
-        f"penalty check {check.image_size}px ({check.tokens} tokens, batch {check.batch}): "
-        + " | ".join(parts)
-        + f" | float64 {check.reference:.6g} | max pairwise rel {check.max_pairwise_rel:.1e} "
-        f"(rtol {check.rtol:.0e}) {verdict}"
-    )
 
 
 COLUMNS = (

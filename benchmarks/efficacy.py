@@ -40,9 +40,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from _harness.report import write_json
+from _harness.efficacy_tables import SCENARIOS, side_by_side
+from _harness.report import add_json_flag, write_json
 
-SCENARIOS = ("class", "task", "domain")
 SWEEP_STRATEGIES = ("streamkl", "lwf+streamkl")
 SWEEP_BASELINES = ("naive", "lwf")
 # (alpha, layers, temperature); the first is the CLI's default.
@@ -259,59 +259,12 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def side_by_side(reports: Sequence[dict[str, Any]]) -> str:
-    """README's tables: per scenario, every regime's numbers in one table, then the paired ones."""
-    lines = []
-    tokens = [report["settings"]["tokens"] for report in reports]
-    for scenario in SCENARIOS:
-        parts = [report["scenarios"].get(scenario) for report in reports]
-        if not all(parts):
-            continue
-        chosen = "; ".join(f"{n} tokens: alpha {p['chosen']['alpha']:g}, T {p['chosen']['temperature']:g}, "
-                           f"layers {p['chosen']['layers']}" for n, p in zip(tokens, parts))
-        lines += [f"**{scenario}-incremental** (StreamKL setting chosen on validation: {chosen})", ""]
-        keys = [("final_avg_acc", "acc"), ("forgetting", "forgetting"), ("learning_acc", "learning acc")]
-        if scenario == "class":
-            keys.append(("task_il_acc", "Task-IL acc"))
-        header = [f"{title}, {n} tok." for n in tokens for _, title in keys]
-        lines.append("| strategy | " + " | ".join(header) + " |")
-        lines.append("|---|" + "---:|" * len(header))
-        strategies = list(dict.fromkeys(s for p in parts for s in p["table"]))
-        for strategy in strategies:
-            cells = []
-            for p in parts:
-                row = p["table"].get(strategy)
-                cells += [f"{row[key][0]:.1f} ± {row[key][1]:.1f}" if row else "–" for key, _ in keys]
-            lines.append(f"| {strategy} | " + " | ".join(cells) + " |")
-        metrics = ["final_avg_acc", "forgetting"] + (["task_il_acc"] if scenario == "class" else [])
-        header = [f"{metric}, {n} tok." for n in tokens for metric in metrics]
-        lines += ["", "| paired difference (pp, 95 % CI) | " + " | ".join(header) + " |",
-                  "|---|" + "---:|" * len(header)]
-        pairs = list(dict.fromkeys((e["strategy"], e["baseline"]) for p in parts for e in p["paired"]))
-        for strategy, baseline in pairs:
-            cells = []
-            for p in parts:
-                entries = {e["metric"]: e for e in p["paired"] if (e["strategy"], e["baseline"]) == (strategy, baseline)}
-                for metric in metrics:
-                    entry = entries.get(metric)
-                    if entry is None:
-                        cells.append("–")
-                        continue
-                    low, high = entry["ci95"]
-                    significant = low is not None and (low > 0 or high < 0)
-                    text = f"{entry['mean_diff']:+.1f} [{low:+.1f}, {high:+.1f}]" if low is not None else f"{entry['mean_diff']:+.1f}"
-                    cells.append(f"**{text}**" if significant else text)
-            lines.append(f"| {strategy} − {baseline} | " + " | ".join(cells) + " |")
-        lines.append("")
-    return "\n".join(lines)
-
-
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--regime", choices=tuple(REGIMES))
     parser.add_argument("--tables", nargs="+", type=Path, metavar="REPORT",
-                        help="print README's side-by-side tables of these reports (one per regime) and exit")
+                        help="print the side-by-side tables of these reports (one per regime) and exit")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1),
                         help="worker processes; 0 runs every unit in this process")
@@ -324,7 +277,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, help="override the regime's epochs (for a quick check)")
     parser.add_argument("--strategies", nargs="+", help="override the regime's strategies (for a quick check)")
     parser.add_argument("--out", type=Path, help="folder for the runs (default: runs/efficacy-<regime>)")
-    parser.add_argument("--json", type=Path, help="write the report here (e.g. benchmarks/results/...)")
+    add_json_flag(parser, "write the report as JSON")
     parser.add_argument("--commit", help="commit to record when the tree has no .git (default: git rev-parse)")
     return parser.parse_args(argv)
 

@@ -23,14 +23,13 @@ and the run stays within about 4 minutes on an H200; with --autotune the first r
 every candidate tile of every variant (many minutes).
 
 Usage:
-    python benchmarks/grouped_and_exp_gpu.py --json grouped_and_exp.json
+    python benchmarks/grouped_and_exp_gpu.py --json
     python benchmarks/grouped_and_exp_gpu.py --smoke   # tiny sizes on the CPU, Triton's interpreter
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -48,6 +47,7 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 import triton.testing  # noqa: E402
 
+from _harness.report import add_json_flag, write_json  # noqa: E402
 from cl_streamkl import attention_kl, attention_kl_grouped, attention_kl_reference  # noqa: E402
 from cl_streamkl.kernels.config import EXP2_VARIANTS, get_kernel_options, kernel_options, set_kernel_options  # noqa: E402
 
@@ -319,7 +319,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--skip", nargs="+", default=[], choices=["a", "b", "c"], help="parts to leave out")
     parser.add_argument("--warmup-ms", type=int, default=25)
     parser.add_argument("--rep-ms", type=int, default=100)
-    parser.add_argument("--json", type=Path, help="write checks, timings and environment here")
+    add_json_flag(parser, "write checks, timings and environment as JSON")
     return parser.parse_args(argv)
 
 
@@ -356,12 +356,12 @@ def main(argv=None) -> int:
     elapsed = time.perf_counter() - start
     print(f"\n{elapsed:.0f} s in all", flush=True)
     if args.json:
-        args.json.write_text(json.dumps({
+        write_json(args.json, {
             "environment": env, "blocks": blocks, "elapsed_s": elapsed,
             "checks": [asdict(c) for c in checks],
             "grouped": [asdict(r) for r in grouped_rows],
             "variants": [asdict(r) for r in variant_rows],
-        }, indent=1))
+        })
     return 0 if all(check.passed for check in checks) else 1
 
 

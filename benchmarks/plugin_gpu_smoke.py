@@ -4,7 +4,7 @@ Two short experiences on random images, the second with the StreamKL penalty, th
 Avalanche's ``Naive`` with :class:`StreamKLPlugin` (or, without Avalanche or with
 ``--no-avalanche``, a plain loop driving :class:`AttentionDistiller`). Every distillation
 iteration's penalty is checked against the float64 reference; the exit code is 1 if any
-check fails. BENCHMARKS.md (Method, The plugin run) has the details.
+check fails. docs/benchmarks.md (Method, The plugin run) has the details.
 
 Examples (from the repository root, with the package installed: ``pip install -e .``)::
 
@@ -22,7 +22,6 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import timm
 import torch
@@ -31,7 +30,7 @@ from torch import nn
 
 from _harness.measure import PeakMemory
 from _harness.options import DTYPES
-from _harness.report import describe_environment, environment_line, write_json
+from _harness.report import add_json_flag, describe_environment, environment_line, write_json
 from cl_streamkl import attention_kl_reference
 from cl_streamkl.capture import QKCapture
 from cl_streamkl.strategies import AttentionDistiller
@@ -71,7 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--atol", type=float, default=1e-6)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--no-avalanche", action="store_true", help="plain loop even if avalanche imports")
-    parser.add_argument("--json", type=Path, default=None, help="write the rows and summary here")
+    add_json_flag(parser, "write the rows and summary as JSON")
     return parser.parse_args(argv)
 
 

@@ -3,10 +3,11 @@
 Per shape, the do_bench median of a forward and of a forward+backward beside the summed
 kernel time of the same call (torch.profiler); ``--host-breakdown`` adds the host time per
 call of each layer of the call stack, with and without compiled-kernel replay, and
-``--host-profile`` a cProfile of one forward+backward. See BENCHMARKS.md (Method).
+``--host-profile`` a cProfile of one forward+backward. See docs/benchmarks.md (Method).
 
 Usage (from the repository root, with the package installed: ``pip install -e .``):
 python benchmarks/profile_kernels.py [--shapes 32x12x197x64 8x12x1024x64] [--host-breakdown] [--host-profile]
+    [--json [PATH]]
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import time
 import torch
 
 from _harness.measure import gpu_kernel_times_us, median_ms
-from _harness.options import parse_shape
+from _harness.options import parse_shape, shape_label
+from _harness.report import add_json_flag, describe_environment, run_settings, write_json
 from cl_streamkl import attention_kl
 from cl_streamkl.kernels.backward_inputs import BackwardInputs
 from cl_streamkl.kernels.triton import launch
@@ -120,7 +122,9 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="+", type=parse_shape, default=[(32, 12, 197, 64), (8, 12, 1024, 64)])
     parser.add_argument("--host-breakdown", action="store_true")
     parser.add_argument("--host-profile", action="store_true")
+    add_json_flag(parser, "also write the kernel and host times as JSON")
     args = parser.parse_args()
+    rows = []
     for batch, heads, n, dim in args.shapes:
         q, k, q_t, k_t = (torch.randn(batch, heads, n, dim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
         q.requires_grad_()
@@ -142,10 +146,14 @@ def main() -> None:
             )
             for name, us in sorted(kernels.items(), key=lambda item: -item[1]):
                 print(f"    {us:8.1f} us  {name}")
+            rows.append({"shape": shape_label((batch, heads, n, dim)), "mode": mode, "waited_us": waited_ms * 1e3,
+                         "device_us": device_us, "kernels_us": kernels})
         if args.host_breakdown:
             print(f"host time per call, {batch}x{heads}x{n}x{dim} (no sync between calls):")
-            for name, us in host_breakdown(q, k, q_t, k_t).items():
+            layers = host_breakdown(q, k, q_t, k_t)
+            for name, us in layers.items():
                 print(f"    {us:8.1f} us  {name}")
+            rows.append({"shape": shape_label((batch, heads, n, dim)), "mode": "host", "host_us": layers})
         if args.host_profile:
             profiler = cProfile.Profile()
             profiler.runcall(lambda: [forward_backward() for _ in range(100)])
@@ -153,6 +161,9 @@ def main() -> None:
             print("host profile of 100 forward+backward calls:")
             pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
             pstats.Stats(profiler).sort_stats("cumulative").print_stats(25)
+    if args.json is not None:
+        write_json(args.json, {"environment": describe_environment(torch.device("cuda")),
+                               "settings": run_settings(args), "rows": rows})
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ Same model and set-up as ``e2e_distillation.py``. ``--teacher`` times one frozen
 forward per variant (eager, compiled, another compile mode); per step method it prints the
 median wall time and, on CUDA, the summed kernel time, the GPU's idle time and the kernel
 time by category (``--gaps``: what the host was doing in the longest idle gaps).
-BENCHMARKS.md (Method, Training steps) describes the variants and methods.
+docs/benchmarks.md (Method, Training steps) describes the variants and methods.
 
 Examples (from the repository root, with the package installed: ``pip install -e .``)::
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
+
+from _harness.report import add_json_flag
 
 Shape = tuple[int, int, int, int]
 
@@ -37,10 +38,10 @@ def shape_label(shape: Shape) -> str:
     return "x".join(str(size) for size in shape)
 
 
-def add_run_flags(parser: argparse.ArgumentParser, json_help: str = "also write results here") -> None:
-    """``--device`` (read it with :func:`checked_device`), ``--json PATH`` and ``--commit``."""
+def add_run_flags(parser: argparse.ArgumentParser, json_help: str = "also write the results as JSON") -> None:
+    """``--device`` (read it with :func:`checked_device`), ``--json [PATH]`` and ``--commit``."""
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu for a smoke run")
-    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help=json_help)
+    add_json_flag(parser, json_help)
     parser.add_argument(
         "--commit", default=None, help="commit to print when the tree has no .git (default: git rev-parse)"
     )

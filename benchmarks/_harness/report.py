@@ -1,4 +1,9 @@
-"""What a run prints and writes: the environment header, aligned table cells, the JSON file."""
+"""What a run prints and writes: the environment header, aligned table cells, the JSON file.
+
+Every script takes ``--json [PATH]`` (:func:`add_json_flag`): without a path it writes
+``benchmarks/results/<script>-<date>.json``, the folder from which ``benchmarks/tables.py``
+renders the documents' tables.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,8 @@ import argparse
 import json
 import math
 import platform
+import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -73,6 +80,23 @@ def run_settings(args: argparse.Namespace) -> dict[str, Any]:
     return {key: str(value) if isinstance(value, (Path, torch.device)) else value for key, value in vars(args).items()}
 
 
+RESULTS = Path(__file__).resolve().parent.parent / "results"
+
+
+def add_json_flag(parser: argparse.ArgumentParser, help: str = "also write the results as JSON") -> None:
+    """``--json [PATH]``: None when absent; without PATH, ``benchmarks/results/<script>-<date>.json``."""
+    default = RESULTS / f"{Path(parser.prog).stem}-{time.strftime('%Y-%m-%d')}.json"
+    parser.add_argument(
+        "--json", nargs="?", type=Path, const=default, default=None, metavar="PATH",
+        help=f"{help}; without PATH: benchmarks/results/{default.name}",
+    )
+
+
 def write_json(path: Path, payload: dict[str, Any]) -> None:
-    """Write ``payload`` to ``path`` as indented JSON."""
-    path.write_text(json.dumps(payload, indent=1))
+    """Write ``payload`` to ``path`` as indented JSON, with the date and the command line.
+
+    The folder is created if missing; ``date`` and ``command`` already in ``payload`` are kept.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stamped = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(["python", *sys.argv]), **payload}
+    path.write_text(json.dumps(stamped, indent=1))

@@ -17,19 +17,20 @@ from pathlib import Path
 import bench_attention_kl as bench
 import pytest
 import torch
+from _harness import kl_checks, kl_workloads
 from _harness.options import parse_shape
 
 CPU = torch.device("cpu")
 BENCHMARKS = Path(bench.__file__).resolve().parent
 SCRIPTS = sorted(path.stem for path in BENCHMARKS.glob("*.py"))
-TINY = bench.Problem(1, 2, 48, 16, torch.bfloat16)
+TINY = kl_workloads.Problem(1, 2, 48, 16, torch.bfloat16)
 
 
 @pytest.mark.parametrize("impl", ["torch", "eager"])
-@pytest.mark.parametrize("mode", bench.MODES)
+@pytest.mark.parametrize("mode", kl_workloads.MODES)
 def test_measure_row_times_every_mode(impl, mode):
-    inputs = bench.make_inputs(TINY, CPU)
-    row = bench.measure_row(bench.make_workload(impl, TINY, inputs), impl, TINY, mode, CPU)
+    inputs = kl_workloads.make_inputs(TINY, CPU)
+    row = bench.measure_row(kl_workloads.make_workload(impl, TINY, inputs), impl, TINY, mode, CPU)
     assert row.ms > 0 and math.isfinite(row.ms)
     assert row.tflops == pytest.approx(TINY.flops(impl, mode) / (row.ms * 1e-3) / 1e12)
     assert row.extra_mib is None  # peak memory is a CUDA-only measurement
@@ -38,12 +39,12 @@ def test_measure_row_times_every_mode(impl, mode):
 
 
 def test_flop_counts_follow_the_docstring():
-    problem = bench.Problem(2, 3, 64, 16, torch.bfloat16)
+    problem = kl_workloads.Problem(2, 3, 64, 16, torch.bfloat16)
     base = problem.batch * problem.heads * problem.seq**2 * problem.head_dim
     assert problem.flops("triton", "fwd") == 4 * base
     assert problem.flops("eager", "fwd+bwd") == 12 * base
     assert problem.flops("sdpa", "bwd") == 10 * base
-    causal = bench.Problem(2, 3, 64, 16, torch.bfloat16, causal=True)
+    causal = kl_workloads.Problem(2, 3, 64, 16, torch.bfloat16, causal=True)
     assert causal.flops("torch", "bwd") == 4 * base
 
 
@@ -56,7 +57,7 @@ def test_benchmark_problem_fills_ratios_and_reports_oom(monkeypatch):
         return real_measure(workload, impl, problem, mode, device, warmup_ms, rep_ms, gpu_time)
 
     monkeypatch.setattr(bench, "measure_row", measure_or_oom)
-    rows = bench.benchmark_problem(TINY, ["torch", "eager", "sdpa", "sdpa_fa2"], bench.MODES, CPU)
+    rows = bench.benchmark_problem(TINY, ["torch", "eager", "sdpa", "sdpa_fa2"], kl_workloads.MODES, CPU)
     by_key = {(row.impl, row.mode): row for row in rows}
     assert len(by_key) == 12
 
@@ -85,14 +86,14 @@ def test_benchmark_problem_fills_ratios_and_reports_oom(monkeypatch):
     ],
 )
 def test_checks_keep_the_timed_length(shape, checked):
-    problem = bench.Problem(*shape, torch.bfloat16, causal=True)
-    assert bench.checked_problem(problem) == bench.Problem(*checked, torch.bfloat16, causal=True)
+    problem = kl_workloads.Problem(*shape, torch.bfloat16, causal=True)
+    assert kl_checks.checked_problem(problem) == kl_workloads.Problem(*checked, torch.bfloat16, causal=True)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_check_problem_agrees_with_float64(causal):
-    problem = bench.Problem(2, 3, 40, 16, torch.float32, causal)
-    results = bench.check_problem(problem, ["torch", "eager", "compiled", "sdpa"], CPU)
+    problem = kl_workloads.Problem(2, 3, 40, 16, torch.float32, causal)
+    results = kl_checks.check_problem(problem, ["torch", "eager", "compiled", "sdpa"], CPU)
     assert [r.impl for r in results] == ["torch", "eager"]
     assert all(r.checked_shape == "1x2x40x16" for r in results)
     assert all(r.passed and max(r.kl, r.dq, r.dk) < 1e-5 for r in results)
@@ -100,9 +101,9 @@ def test_check_problem_agrees_with_float64(causal):
 
 def test_check_fails_on_a_wrong_kl(monkeypatch):
     monkeypatch.setattr(
-        bench, "eager_attention_kl", lambda q, k, qt, kt, **_: (q @ k.transpose(-2, -1)).float().sum(-1)
+        kl_checks, "eager_attention_kl", lambda q, k, qt, kt, **_: (q @ k.transpose(-2, -1)).float().sum(-1)
     )
-    (result,) = bench.check_problem(TINY, ["eager"], CPU)
+    (result,) = kl_checks.check_problem(TINY, ["eager"], CPU)
     assert not result.passed and "FAIL" in bench.format_checks([result])
 
 

@@ -12,6 +12,7 @@ import time
 import e2e_distillation as e2e
 import pytest
 import torch
+from _harness import batch_search, penalty_check
 from _harness import vit_training as training
 from _harness.options import describe_teacher
 
@@ -50,7 +51,7 @@ FAR = float("inf")
 )
 def test_largest_batch_brackets_then_bisects(limit, start, known_fit, known_fail, cap, expected):
     probe = Probe(limit)
-    result = e2e.largest_batch(probe, start, cap, FAR, known_fit=known_fit, known_fail=known_fail)
+    result = batch_search.largest_batch(probe, start, cap, FAR, known_fit=known_fit, known_fail=known_fail)
     assert result == expected
     assert len(probe.tried) == len(set(probe.tried))
     assert known_fit not in probe.tried and known_fail not in probe.tried
@@ -63,20 +64,20 @@ def test_largest_batch_finds_every_small_limit():
             for cap in (1, 5, 16, 24):
                 probe = Probe(limit)
                 expected = (cap, False) if limit >= cap else (limit, True)
-                assert e2e.largest_batch(probe, start, cap, FAR) == expected, (limit, start, cap)
+                assert batch_search.largest_batch(probe, start, cap, FAR) == expected, (limit, start, cap)
                 assert len(probe.tried) <= 2 * cap.bit_length() + 1
 
 
 def test_largest_batch_stops_within_precision():
     probe = Probe(1000)
-    batch, exact = e2e.largest_batch(probe, 900, 10**6, FAR)
-    assert exact and 1000 - 1000 // e2e.SEARCH_PRECISION <= batch <= 1000
+    batch, exact = batch_search.largest_batch(probe, 900, 10**6, FAR)
+    assert exact and 1000 - 1000 // batch_search.SEARCH_PRECISION <= batch <= 1000
     assert len(probe.tried) <= 8
 
 
 def test_largest_batch_past_deadline_is_a_lower_bound():
     probe = Probe(100)
-    assert e2e.largest_batch(probe, 30, 1000, time.perf_counter() - 1, known_fit=8) == (8, False)
+    assert batch_search.largest_batch(probe, 30, 1000, time.perf_counter() - 1, known_fit=8) == (8, False)
     assert probe.tried == []
 
 
@@ -125,22 +126,22 @@ def test_teacher_only_runs_the_teacher_and_adds_nothing():
 
 def test_batch_fits_turns_oom_into_false(monkeypatch):
     trainer = training.build_trainer("none", training.DEFAULT_MODEL, TINY, 32, alpha=1.0, device=CPU)
-    assert e2e.batch_fits(trainer, 2, 32, steps=1)
+    assert batch_search.batch_fits(trainer, 2, 32, steps=1)
 
     def out_of_memory(images, labels):
         raise torch.OutOfMemoryError("simulated")
 
     monkeypatch.setattr(trainer, "step", out_of_memory)
-    assert not e2e.batch_fits(trainer, 2, 32, steps=1)
+    assert not batch_search.batch_fits(trainer, 2, 32, steps=1)
 
 
 def test_check_penalties_compares_methods_and_reference():
-    check = e2e.check_penalties(["none", "eager", "torch"], training.DEFAULT_MODEL, TINY, 48, 2, 1.0, 0.05, CPU)
+    check = penalty_check.check_penalties(["none", "eager", "torch"], training.DEFAULT_MODEL, TINY, 48, 2, 1.0, 0.05, CPU)
     assert set(check.values) == {"eager", "torch"}
     assert check.tokens == 10 and check.reference > 0
     for value in check.values.values():
         assert value == pytest.approx(check.reference, rel=0.05)
-    assert check.passed and "float64" in e2e.format_check(check)
+    assert check.passed and "float64" in penalty_check.format_check(check)
 
 
 def test_table_marks_oom_and_lower_bounds():

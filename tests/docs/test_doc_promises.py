@@ -1,4 +1,5 @@
-"""What the documents promise: every CLI option in README, CPU wheels, the field's names, license, citation."""
+"""What the documents promise: every CLI option in docs/cli.md, README's set-up commands as CI runs
+them, CPU wheels, the field's names, license, citation."""
 
 from __future__ import annotations
 
@@ -11,24 +12,22 @@ import yaml
 from cl_streamkl import __version__
 from cl_streamkl.experiment.cli import _parsers
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
+CLI_DOC = (ROOT / "docs" / "cli.md").read_text()
 # The MD5 of the Apache License 2.0 as https://www.apache.org/licenses/LICENSE-2.0.txt serves it.
 APACHE_2_MD5 = "3b83ef96387f14655fc854ddc3c6bd57"
+TORCH_PIN = "pip install torch==2.14.1 torchvision==0.29.1"
 
 
-def _section(title: str) -> str:
-    start = README.index(f"## {title}")
-    end = README.find("\n## ", start + 1)
-    return README[start:end]
+def _section(text: str, title: str) -> str:
+    start = text.index(f"## {title}")
+    end = text.find("\n## ", start + 1)
+    return text[start:] if end < 0 else text[start:end]
 
 
 def _pyproject(key: str) -> str:
     return re.search(rf"^{key} = (.+)$", (ROOT / "pyproject.toml").read_text(), re.MULTILINE).group(1)
-
-
-def _run_help() -> str:
-    return _parsers(None)[1].format_help()
 
 
 def _run_options() -> set[str]:
@@ -37,22 +36,24 @@ def _run_options() -> set[str]:
             if option.startswith("--")} - {"--help"}
 
 
-def test_readme_cli_section_names_every_option():
-    section = _section("The experiment CLI")
-    missing = sorted(option for option in _run_options() if f"`{option}" not in section)
+def test_cli_doc_names_every_option():
+    missing = sorted(option for option in _run_options() if f"`{option}" not in CLI_DOC)
     assert missing == []
 
 
-def test_readme_says_how_to_get_cpu_wheels():
-    setup = _section("Set up")
+def test_readme_set_up_commands_are_what_ci_runs():
+    setup = _section(README, "Set up")
     assert "--index-url https://download.pytorch.org/whl/cpu" in setup
-    # The two set-up commands stay as they were.
-    assert setup.count("pip install torch==2.14.1 torchvision==0.29.1 && pip install -e") == 2
+    commands = [line for line in setup.splitlines() if line.startswith(TORCH_PIN)]
+    assert commands == [f'{TORCH_PIN} && pip install -e ".[experiment]" && cl-streamkl run',
+                        f'{TORCH_PIN} && pip install -e ".[test]" && python -m pytest -q']
+    ci = (ROOT / ".ci" / "run").read_text()
+    install, test = commands[1].rsplit(" && ", 1)
+    assert install in ci and re.search(rf"^{re.escape(test)}$", ci, re.MULTILINE)
 
 
 def test_the_fields_names_for_accuracies():
-    section = _section("The experiment CLI")
-    for text in (section, _run_help()):
+    for text in (CLI_DOC, _parsers(None)[1].format_help()):
         assert "Class-IL" in text and "Task-IL" in text and "task-aware" not in text.lower()
 
 

@@ -1,0 +1,161 @@
+"""Render the Markdown tables of README.md and docs/ from the result files in benchmarks/results/.
+
+A document asks for a table between two marker comments::
+
+    <!-- table:kernel-long-bf16 -->
+    ...generated...
+    <!-- /table -->
+
+The name is a result file's stem (``benchmarks/results/kernel-long-bf16.json``), optionally
+with one of the views the file defines (``kernel-long-bf16/headline``: some of its columns and
+rows), or ``efficacy/<scenario>`` and ``efficacy/<scenario>-paired`` for the efficacy study's
+tables, drawn from ``efficacy-short.json`` and ``efficacy-long.json`` side by side. Under each
+table a line names the file it comes from, the GPU, versions, commit and date.
+
+A table file holds ``title``, ``gpu``, ``torch``, ``triton`` and where known ``python``,
+``timm``, ``avalanche``, ``commit`` (or a ``commit`` column), ``date`` and ``command``;
+``columns`` (``name``, ``align`` "right" for numbers, ``format`` a Python format spec for
+numeric cells) and ``rows`` (one list of cells per row; text cells are written as they are).
+
+Run from the repository root::
+
+    python benchmarks/tables.py            # rewrite every table in place
+    python benchmarks/tables.py --check    # exit 1 naming every table that differs from its file
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from _harness.efficacy_tables import chosen_settings, paired_table, strategy_table
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+EFFICACY_REPORTS = ("efficacy-short.json", "efficacy-long.json")
+MARKED = re.compile(r"(<!-- table:(?P<name>[\w./-]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.DOTALL)
+
+
+def documents(root: Path = ROOT) -> list[Path]:
+    """README.md and every Markdown file under docs/."""
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def _link(target: Path, document: Path) -> str:
+    return Path(os.path.relpath(target, document.parent)).as_posix()
+
+
+def _cell(value: Any, column: dict[str, Any]) -> str:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and "format" in column:
+        return format(value, column["format"])
+    return str(value)
+
+
+def markdown_table(columns: Sequence[dict[str, Any]], rows: Sequence[Sequence[Any]]) -> list[str]:
+    """A Markdown table: text columns left-aligned, ``align: right`` columns right-aligned."""
+    lines = ["| " + " | ".join(column["name"] for column in columns) + " |",
+             "|" + "|".join("---:" if column.get("align") == "right" else "---" for column in columns) + "|"]
+    lines += ["| " + " | ".join(_cell(value, column) for value, column in zip(row, columns)) + " |" for row in rows]
+    return lines
+
+
+def _select(table: dict[str, Any], view: dict[str, Any]) -> tuple[list[dict[str, Any]], list[list[Any]]]:
+    """A view's columns (by name, in its order) of the rows whose cells match its ``where``."""
+    names = [column["name"] for column in table["columns"]]
+    wanted = [names.index(name) for name in view.get("columns", names)]
+    where = {names.index(name): allowed for name, allowed in view.get("where", {}).items()}
+    rows = [row for row in table["rows"] if all(row[index] in allowed for index, allowed in where.items())]
+    return [table["columns"][index] for index in wanted], [[row[index] for index in wanted] for row in rows]
+
+
+def provenance(table: dict[str, Any], source: str, with_command: bool) -> str:
+    """The line under a table: its file, GPU and versions, commit and date, and the command."""
+    versions = ", ".join(f"{name} {table[key]}" for key, name in (
+        ("torch", "torch"), ("triton", "triton"), ("timm", "timm"), ("avalanche", "avalanche-lib"),
+        ("python", "Python")) if key in table)
+    commit = f"commit `{table['commit']}`" if "commit" in table else "commit per row"
+    line = f"Source: {source}; {table['gpu']}, {versions}; {commit}, {table['date']}."
+    if with_command and table.get("command"):
+        line += f" Command: `{table['command']}`."
+    return line
+
+
+def _efficacy(part: str, document: Path, results: Path) -> list[str]:
+    scenario, _, paired = part.partition("-")
+    reports = [json.loads((results / name).read_text()) for name in EFFICACY_REPORTS]
+    if paired:
+        lines = paired_table(reports, scenario)
+    else:
+        lines = [f"StreamKL setting chosen on validation: {chosen_settings(reports, scenario)}.", "",
+                 *strategy_table(reports, scenario)]
+    sources = " and ".join(f"[`{name}`]({_link(results / name, document)})" for name in EFFICACY_REPORTS)
+    environments = "; ".join(
+        f"{report['settings']['tokens']} tokens: {report['environment']['device']}, torch "
+        f"{report['environment']['torch']}, triton {report['environment']['triton']}, commit "
+        f"`{report['environment']['commit']}`, {report['date']}" for report in reports)
+    return lines + ["", f"Source: {sources} ({environments})."]
+
+
+def render(name: str, document: Path, results: Path = RESULTS) -> str:
+    """The generated text between a ``<!-- table:name -->`` marker and its end, for ``document``.
+
+    Raises:
+        ValueError: no result file or view of that name.
+    """
+    stem, _, view = name.partition("/")
+    if stem == "efficacy":
+        if view.partition("-")[0] not in ("class", "task", "domain") or view.partition("-")[2] not in ("", "paired"):
+            raise ValueError(f"table {name!r}: efficacy tables are efficacy/<class|task|domain>[-paired]")
+        return "\n".join(_efficacy(view, document, results)) + "\n"
+    path = results / f"{stem}.json"
+    if not path.is_file():
+        raise ValueError(f"table {name!r}: no result file {path.relative_to(results.parent.parent)}")
+    table = json.loads(path.read_text())
+    if view and view not in table.get("views", {}):
+        raise ValueError(f"table {name!r}: {path.name} has no view {view!r}")
+    columns, rows = _select(table, table["views"][view]) if view else (table["columns"], table["rows"])
+    source = f"[`{path.name}`]({_link(path, document)})"
+    return "\n".join(markdown_table(columns, rows) + ["", provenance(table, source, not view)]) + "\n"
+
+
+def regenerate(document: Path, results: Path = RESULTS) -> str:
+    """``document``'s text with every marked table rendered afresh."""
+    return MARKED.sub(lambda m: m.group(1) + render(m.group("name"), document, results) + m.group(4),
+                      document.read_text())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true",
+                        help="change nothing; exit 1 if a document's table differs from its result file")
+    args = parser.parse_args(argv)
+    stale = []
+    for document in documents():
+        try:
+            text = regenerate(document)
+        except ValueError as error:
+            print(f"{document.relative_to(ROOT)}: {error}", file=sys.stderr)
+            return 2
+        if text != document.read_text():
+            stale.append(document)
+            if not args.check:
+                document.write_text(text)
+    for document in stale:
+        if args.check:
+            print(f"{document.relative_to(ROOT)}: differs from benchmarks/results/", file=sys.stderr)
+        else:
+            print(f"{document.relative_to(ROOT)}: rewritten from benchmarks/results/")
+    if args.check and stale:
+        print("run: python benchmarks/tables.py", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
