@@ -1,12 +1,24 @@
 """Pooled attention distillation (PAD; Pelosin et al. 2022), the published attention loss StreamKL is compared with.
 
-PAD materialises both attention maps, A = softmax(q kᵀ · scale), shape (B, H, Nq, Nk);
-squares them (the authors' symmetric variant: a softmax row always sums to 1, so pooling
-the plain map along keys would carry no information); pools each map along queries
-(height) and along keys (width), PODNet-style; concatenates the pooled vectors of all
-heads per sample; L2-normalises them; and takes the Euclidean (Frobenius) distance
-between teacher and student per sample, averaged over the batch. Its memory is
-O(B·H·Nq·Nk), so it suits short token counts only.
+PAD materialises both attention maps, A = softmax(q kᵀ · scale), shape (B, H, Nq, Nk),
+pools each map to one vector per sample, L2-normalises it and compares teacher and
+student per sample; the penalty is the mean over the batch. Two variants, after the
+authors' ``olwf_asym.py`` (srvCodes/continual_learning_with_vit):
+
+- ``symmetric`` (their ``--sym``, pooled ``spatial``): the squared maps (a softmax row
+  always sums to 1, so pooling the plain map along keys would carry no information),
+  pooled along queries (height) and along keys (width) PODNet-style, all heads
+  concatenated; the penalty is ‖t − s‖₂, attention moving anywhere costs.
+- ``asymmetric`` (their headline runs, pooled along ``height``): the maps summed over
+  queries, one value per key and head, normalised; the penalty is ‖ReLU(t − s)‖₂, so
+  only attention the student takes away from where the teacher looked costs, and new
+  attention is free. The authors' code also offers normalising after the ReLU (its
+  default): the L2 norm of a normalised vector is 1 whatever the input, so that form's
+  gradient vanishes and it adds a constant; the normalise-then-ReLU form used here is
+  their ``--after-norm`` path and ``olwf_asym_original.py``'s formula.
+
+The authors record the scaled scores before the softmax; the project pools the softmax
+maps (what StreamKL distils) for both variants. Memory is O(B·H·Nq·Nk).
 """
 
 from __future__ import annotations
@@ -20,14 +32,55 @@ import torch.nn.functional as F
 from cl_streamkl.capture import LayerSpec
 from cl_streamkl.strategies.distiller import AttentionDistiller
 
-__all__ = ["PooledAttentionDistiller", "pooled_attention_distance"]
+__all__ = ["PAD_VARIANTS", "PooledAttentionDistiller", "pooled_attention_distance", "pooled_maps_distance"]
+
+PAD_VARIANTS = ("symmetric", "asymmetric")
 
 
-def _pooled_attention(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
-    """(B, H, Nq, D), (B, H, Nk, D) → (B, H·(Nk + Nq)) L2-normalised pooled squared attention."""
-    attention = torch.softmax(q.float() @ k.float().transpose(-2, -1) * scale, dim=-1).square()
-    pooled = torch.cat([attention.sum(dim=-2), attention.sum(dim=-1)], dim=-1)
+def _check_variant(variant: object) -> str:
+    if variant not in PAD_VARIANTS:
+        raise ValueError(f"variant must be one of {PAD_VARIANTS}; got {variant!r}")
+    return variant  # type: ignore[return-value]
+
+
+def _pooled(maps: torch.Tensor, variant: str) -> torch.Tensor:
+    """(B, H, Nq, Nk) maps → (B, P) L2-normalised pooled vectors (P = H·(Nk + Nq) or H·Nk)."""
+    if variant == "symmetric":
+        squared = maps.square()
+        pooled = torch.cat([squared.sum(dim=-2), squared.sum(dim=-1)], dim=-1)
+    else:
+        pooled = maps.sum(dim=-2)
     return F.normalize(pooled.flatten(1), dim=1)
+
+
+def pooled_maps_distance(teacher_maps: torch.Tensor, student_maps: torch.Tensor,
+                         variant: str = "symmetric") -> torch.Tensor:
+    """PAD between two materialised attention maps of one block.
+
+    Args:
+        teacher_maps, student_maps: (B, H, Nq, Nk) attention maps, same shape.
+        variant: ``"symmetric"`` or ``"asymmetric"`` (see the module's docstring).
+
+    Returns:
+        A 0-dim tensor in the maps' dtype: mean over the batch of ‖t̂ − ŝ‖₂
+        (symmetric) or ‖ReLU(t̂ − ŝ)‖₂ (asymmetric), with t̂, ŝ the normalised pooled maps.
+
+    Raises:
+        ValueError: unknown variant, or maps that are not 4-D of the same shape.
+    """
+    _check_variant(variant)
+    if teacher_maps.dim() != 4 or teacher_maps.shape != student_maps.shape:
+        raise ValueError(f"teacher_maps {tuple(teacher_maps.shape)} and student_maps {tuple(student_maps.shape)} "
+                         "must be 4-D (B, H, Nq, Nk) of the same shape")
+    difference = _pooled(teacher_maps, variant) - _pooled(student_maps, variant)
+    if variant == "asymmetric":
+        difference = torch.relu(difference)
+    return difference.norm(dim=1).mean()
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """(B, H, Nq, D), (B, H, Nk, D) → (B, H, Nq, Nk) float32 softmax attention."""
+    return torch.softmax(q.float() @ k.float().transpose(-2, -1) * scale, dim=-1)
 
 
 def pooled_attention_distance(
@@ -38,6 +91,7 @@ def pooled_attention_distance(
     *,
     scale: float | None = None,
     teacher_scale: float | None = None,
+    variant: str = "symmetric",
 ) -> torch.Tensor:
     """PAD between the teacher's and the student's attention of one block.
 
@@ -45,14 +99,17 @@ def pooled_attention_distance(
         q, k: the student's queries (B, H, Nq, D) and keys (B, H, Nk, D).
         q_teacher, k_teacher: the teacher's, same B, H, Nq, Nk (head dim may differ).
         scale, teacher_scale: softmax scales (default: head dim ** -0.5 of each).
+        variant: ``"symmetric"`` or ``"asymmetric"`` (see :func:`pooled_maps_distance`).
 
     Returns:
-        A 0-dim float32 tensor: mean over the batch of ‖â_teacher − â_student‖₂, with â
-        the normalised pooled maps; differentiable w.r.t. every input that requires grad.
+        A 0-dim float32 tensor, :func:`pooled_maps_distance` of the two softmax maps;
+        differentiable w.r.t. every input that requires grad.
 
     Raises:
-        ValueError: the inputs are not 4-D or their batch, heads or lengths differ.
+        ValueError: the inputs are not 4-D, their batch, heads or lengths differ, or
+            the variant is unknown.
     """
+    _check_variant(variant)
     tensors = {"q": q, "k": k, "q_teacher": q_teacher, "k_teacher": k_teacher}
     for name, tensor in tensors.items():
         if not isinstance(tensor, torch.Tensor) or tensor.dim() != 4:
@@ -62,10 +119,9 @@ def pooled_attention_distance(
             f"student q {tuple(q.shape)} / k {tuple(k.shape)} and teacher q {tuple(q_teacher.shape)} / "
             f"k {tuple(k_teacher.shape)} must share batch, heads and lengths"
         )
-    student = _pooled_attention(q, k, q.shape[-1] ** -0.5 if scale is None else scale)
-    teacher = _pooled_attention(q_teacher, k_teacher,
-                                q_teacher.shape[-1] ** -0.5 if teacher_scale is None else teacher_scale)
-    return (teacher - student).norm(dim=1).mean()
+    student = _attention(q, k, q.shape[-1] ** -0.5 if scale is None else scale)
+    teacher = _attention(q_teacher, k_teacher, q_teacher.shape[-1] ** -0.5 if teacher_scale is None else teacher_scale)
+    return pooled_maps_distance(teacher, student, variant)
 
 
 class PooledAttentionDistiller(AttentionDistiller):
@@ -79,27 +135,38 @@ class PooledAttentionDistiller(AttentionDistiller):
         alpha: weight of the penalty, >= 0.
         layers: blocks to distil (``"all"``, an int n for the last n, or a list of indices).
         compile_teacher: as for the distiller.
+        variant: ``"symmetric"`` or ``"asymmetric"`` (see :func:`pooled_maps_distance`).
     """
 
-    state_format = "cl_streamkl.PooledAttentionDistiller/1"
+    state_format = "cl_streamkl.PooledAttentionDistiller/2"
+    # Written before the asymmetric variant existed: symmetric.
+    previous_state_format = "cl_streamkl.PooledAttentionDistiller/1"
 
     def __init__(self, alpha: float = 1.0, layers: LayerSpec = "all",
-                 compile_teacher: bool | Mapping[str, Any] = False) -> None:
+                 compile_teacher: bool | Mapping[str, Any] = False, variant: str = "symmetric") -> None:
         super().__init__(alpha=alpha, layers=layers, compile_teacher=compile_teacher)
+        self.variant = _check_variant(variant)
 
     def layer_penalties(
         self, problems: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Any, Any]]
     ) -> torch.Tensor:
         """One PAD value per distilled block, (L,) float32."""
         return torch.stack([
-            pooled_attention_distance(q, k, q_t, k_t, scale=scale, teacher_scale=teacher_scale)
+            pooled_attention_distance(q, k, q_t, k_t, scale=scale, teacher_scale=teacher_scale, variant=self.variant)
             for q, k, q_t, k_t, scale, teacher_scale in problems
         ])
 
     def _config(self) -> dict[str, Any]:
         return {"alpha": self.alpha,
-                "layers": list(self.layers) if isinstance(self.layers, (list, tuple)) else self.layers}
+                "layers": list(self.layers) if isinstance(self.layers, (list, tuple)) else self.layers,
+                "variant": self.variant}
+
+    def load_state_dict(self, state: dict[str, Any], model: torch.nn.Module | None = None) -> None:
+        """As the distiller's; a state of the previous format restores into a symmetric distiller."""
+        if isinstance(state, dict) and state.get("format") == self.previous_state_format:
+            state = {**state, "format": self.state_format, "config": {**state["config"], "variant": "symmetric"}}
+        super().load_state_dict(state, model)
 
     def __repr__(self) -> str:
-        return (f"PooledAttentionDistiller(alpha={self.alpha}, layers={self.layers!r}, "
+        return (f"PooledAttentionDistiller(alpha={self.alpha}, layers={self.layers!r}, variant={self.variant!r}, "
                 f"compile_teacher={self.compile_options is not None}, teacher_updates={self.teacher_updates})")
