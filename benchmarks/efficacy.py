@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
+import io
 import json
 import multiprocessing
 import os
@@ -57,6 +58,8 @@ from cl_streamkl.experiment.config import ExperimentConfig
 # one stops after an experience, when another such experience would pass the deadline.
 _last_experience_s = 0.0
 _splits_cache: dict[str, Any] = {}
+# A part of an archive stays below what a machine returns per file (16 MiB).
+ARCHIVE_PART_BYTES = 15 * 2**20
 
 
 class _OutOfTime(Exception):
@@ -164,13 +167,42 @@ def check_plan(root: Path, report_path: Path | None, plan: dict[str, Any]) -> st
     return None
 
 
-def write_archive(root: Path, path: Path) -> None:
-    """plan.json, every finished unit's record and the unfinished units' checkpoints, as one .tar.gz."""
+def archive_parts(path: Path) -> list[Path]:
+    """An archive's files: ``path``, then ``path.1``, ``path.2``, ... as they exist."""
+    parts = [path]
+    while parts[-1].with_name(f"{path.name}.{len(parts)}").is_file():
+        parts.append(path.with_name(f"{path.name}.{len(parts)}"))
+    return parts
+
+
+def write_archive(root: Path, path: Path) -> list[Path]:
+    """plan.json, every finished unit's record and the unfinished units' checkpoints, as a .tar.gz.
+
+    Written in parts of at most :data:`ARCHIVE_PART_BYTES` (``path``, ``path.1``, ...), so each
+    comes back from a machine that returns files up to a size.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(path, "w:gz") as archive:
+    for stale in archive_parts(path)[1:]:
+        stale.unlink()
+    whole = io.BytesIO()
+    with tarfile.open(fileobj=whole, mode="w:gz") as archive:
         for name in ("plan.json", "units", "runs"):
             if (root / name).exists():
                 archive.add(root / name, arcname=name)
+    data = whole.getvalue()
+    parts = [path if i == 0 else path.with_name(f"{path.name}.{i}")
+             for i in range(max(1, -(-len(data) // ARCHIVE_PART_BYTES)))]
+    for i, part in enumerate(parts):
+        part.write_bytes(data[i * ARCHIVE_PART_BYTES:(i + 1) * ARCHIVE_PART_BYTES])
+    return parts
+
+
+def read_archive(path: Path, root: Path) -> None:
+    """Unpack every part of an archive from :func:`write_archive` into ``root``."""
+    root.mkdir(parents=True, exist_ok=True)
+    data = b"".join(part.read_bytes() for part in archive_parts(path))
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
+        archive.extractall(root, filter="data")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -255,9 +287,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     args.out = args.out or Path("runs") / f"efficacy-{args.regime}"
     if args.from_archive is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(args.from_archive) as archive:
-            archive.extractall(args.out, filter="data")
+        read_archive(args.from_archive, args.out)
     error = check_plan(args.out, args.json, plan)
     if error is not None:
         print(f"efficacy.py: {error}", file=sys.stderr)
@@ -305,7 +335,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         write_json(args.json, report)
     if args.archive:
-        write_archive(args.out, args.archive)
+        parts = write_archive(args.out, args.archive)
+        print(f"archive: {', '.join(str(part) for part in parts)}")
     print(side_by_side([report]))
     print(f"plan {report['plan_fingerprint']}: " + "; ".join(
         f"{part} {done}/{total} units" for part, (done, total) in report["units"].items())

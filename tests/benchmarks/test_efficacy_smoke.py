@@ -58,7 +58,9 @@ def test_efficacy_study_tiny(tmp_path, monkeypatch, capsys):
     assert efficacy.main([*common, "--out", str(out), "--time-limit", "1e-9"]) == 0
     assert json.loads(report_path.read_text())["units"]["tune"] == [3, 44]
 
+    monkeypatch.setattr(efficacy, "ARCHIVE_PART_BYTES", 2**12)  # so the archive comes in parts
     assert efficacy.main([*common, "--out", str(out), "--archive", str(archive)]) == 0
+    assert (tmp_path / "units.tar.gz.1").is_file()
     report = json.loads(report_path.read_text())
     part = report["scenarios"]["class"]
     assert report["units"]["tune"][0] == 12 and report["units"]["test"][0] == 10
