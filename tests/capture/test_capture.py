@@ -358,6 +358,39 @@ def test_unreadable_forward_fails_loudly(isolated_registry) -> None:
         assert torch._C._len_torch_function_stack() == 0
 
 
+class MaskedCall(nn.Module):
+    """Runs timm attention blocks with a mask or ``is_causal``, as a causal or padded model would."""
+
+    def __init__(self, arch: str, mask: str) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(*(block.attn for block in MODELS[arch]().blocks[:2]))
+        self.mask = mask
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[1]
+        for attn in self.blocks:
+            if self.mask == "causal":
+                x = attn(x, is_causal=True)
+            else:
+                bool_mask = torch.ones(n, n, dtype=torch.bool).tril()
+                x = attn(x, attn_mask=bool_mask if self.mask == "bool" else torch.randn(n, n))
+        return x
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["manual", "fused"])
+@pytest.mark.parametrize("mask", ["causal", "bool", "additive"])
+@pytest.mark.parametrize("arch", ["vit", "eva"])
+def test_masked_attention_is_refused(arch: str, mask: str, fused: bool) -> None:
+    model = MaskedCall(arch, mask)
+    for attn in model.blocks:
+        attn.fused_attn = fused
+    expected = "passes an attention mask" if fused else "pass through .*add.* before the softmax"
+    with pytest.raises(RuntimeError, match=f"{type(model.blocks[0]).__name__}: .*{expected}"):
+        with QKCapture(model):
+            model(torch.randn(2, 5, 64))
+    assert count_hooks(model) == 0 and torch._C._len_torch_function_stack() == 0
+
+
 def test_nested_captures_see_the_same_tensors() -> None:
     model = tiny_vit().eval()
     with QKCapture(model) as outer, QKCapture(model, layers=[1]) as inner:
