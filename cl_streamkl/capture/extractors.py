@@ -17,7 +17,8 @@ manual scores that meet anything but a softmax, such as timm's additive mask for
 instead of returning wrong tensors.
 
 Registered by default: timm's ``Attention`` (ViT, DeiT, DeiT-3), ``AttentionRope`` and
-``eva.EvaAttention`` (EVA, EVA-02). Attention classes with extra score terms, such as
+``eva.EvaAttention`` (EVA, EVA-02), and ``nn.MultiheadAttention`` (torchvision's
+``VisionTransformer``; read by :mod:`cl_streamkl.capture.multihead`). Attention classes with extra score terms, such as
 BEiT's relative-position bias, are deliberately not registered and are rejected with a
 clear error.
 """
@@ -111,13 +112,13 @@ def register_qk_extractor(attention_cls: type, extractor: QKExtractor | None = N
         extractor = attention_product_extractor
     if not callable(extractor):
         raise TypeError(f"extractor must be callable, got {type(extractor).__name__}")
-    _ensure_timm_defaults()
+    _ensure_defaults()
     _EXTRACTORS[attention_cls] = extractor
 
 
 def qk_extractor_for(module: nn.Module) -> QKExtractor | None:
     """The extractor registered for ``type(module)``, or ``None``."""
-    _ensure_timm_defaults()
+    _ensure_defaults()
     return _EXTRACTORS.get(type(module))
 
 
@@ -349,16 +350,22 @@ def attention_product_extractor(module: nn.Module, record: RecordQK) -> list[Rem
 _DEFAULTS_REGISTERED = False
 
 
-def _ensure_timm_defaults() -> None:
-    """Register timm's attention classes on first use, so importing this module stays cheap.
+def _ensure_defaults() -> None:
+    """Register the default extractors on first use, so importing this module stays cheap.
 
-    Defaults never replace an extractor the user registered for the same class, and
-    without timm installed there are simply no defaults.
+    ``nn.MultiheadAttention`` (torchvision's ViT) gets
+    :func:`~cl_streamkl.capture.multihead.multihead_attention_extractor`; timm's attention
+    classes, when timm is installed, get :func:`attention_product_extractor`. Defaults
+    never replace an extractor the user registered for the same class.
     """
     global _DEFAULTS_REGISTERED
     if _DEFAULTS_REGISTERED:
         return
     _DEFAULTS_REGISTERED = True
+    # Imported here: multihead builds on this module.
+    from cl_streamkl.capture.multihead import multihead_attention_extractor
+
+    _EXTRACTORS.setdefault(nn.MultiheadAttention, multihead_attention_extractor)
     try:
         import timm.layers
         import timm.models.eva

@@ -259,7 +259,7 @@ def test_user_registration_of_a_timm_class_is_not_overridden(isolated_registry) 
         return []
 
     register_qk_extractor(attention_cls, custom)
-    extractors._ensure_timm_defaults()
+    extractors._ensure_defaults()
     assert extractors.qk_extractor_for(tiny_vit().blocks[0].attn) is custom
 
 
@@ -305,7 +305,7 @@ class Blocks(nn.Module):
 @pytest.fixture
 def isolated_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     """Registrations made by a test vanish afterwards; timm's defaults stay."""
-    extractors._ensure_timm_defaults()
+    extractors._ensure_defaults()
     monkeypatch.setattr(extractors, "_EXTRACTORS", dict(extractors._EXTRACTORS))
 
 
