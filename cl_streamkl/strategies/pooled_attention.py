@@ -28,7 +28,7 @@ from cl_streamkl.strategies.distiller import AttentionDistiller
 __all__ = ["STREAMING_THRESHOLD", "PooledAttentionDistiller", "pooled_attention_distance"]
 
 # Attention-map entries (B·H·Nq·Nk) above which streaming="auto" streams: 64 MiB per float32
-# map. ViT-B at 197 tokens and batch 32 (14.9 M) stays materialised, where it is fast.
+# map. ViT-B at 197 tokens and batch 32 (14.9 M) stays materialised.
 STREAMING_THRESHOLD = 2**24
 
 

@@ -57,7 +57,7 @@ def compile_for_hopper(case: Case):
         "BLOCK_N": tiles["BLOCK_N"],
         "BLOCK_D": 64 if head_dim == 64 else 128,
     }
-    # Integers Triton would not see as divisible by 16 at 4x12x4097x64 (and the gradients' stride 0).
+    # Integers Triton would not see as divisible by 16 at 4x12x4097x64; a dense upstream gradient's row stride is 1.
     odd_integers = {"num_heads", "n_q", "n_k", "stride_gkn", "stride_grn"}
     signature, attrs = {}, {}
     for index, arg in enumerate(kernel.arg_names):
