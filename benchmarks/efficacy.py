@@ -116,7 +116,10 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
         return None
     payload = {"unit": dataclasses.asdict(unit), **result.to_dict(), "process_s": time.perf_counter() - start}
     record.parent.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps(payload) + "\n")
+    # Atomically: a start killed at its time limit leaves no half-written record.
+    partial = record.with_name(record.name + ".partial")
+    partial.write_text(json.dumps(payload) + "\n")
+    os.replace(partial, record)
     shutil.rmtree(out, ignore_errors=True)  # its checkpoint is no longer needed
     return payload
 

@@ -115,7 +115,7 @@ def tuning_table(report: dict[str, Any], scenario: str) -> list[str]:
             setting = _setting(row["setting"])
             if row["setting"] == table["chosen"]:
                 setting = f"**{setting}**"
-            lines.append(f"| {family} ({table['strategy']}) | {setting} | " + " | ".join(cells) + " |")
+            lines.append(f"| {family} | {setting} | " + " | ".join(cells) + " |")
     return lines
 
 
