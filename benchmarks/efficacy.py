@@ -60,9 +60,9 @@ REGIMES: dict[str, dict[str, Any]] = {
 # Class and task: 6 classes first (the teacher's attention has seen more than two), then 2 + 2.
 # Domain: four rotations 45 degrees apart, every class in each.
 SCENARIO_OPTIONS: dict[str, dict[str, Any]] = {
-    "class": {"n_experiences": 3, "first_experience_classes": 6},
-    "task": {"n_experiences": 3, "first_experience_classes": 6},
-    "domain": {"n_experiences": 4, "domain_shift": "rotate", "rotation_step": 45.0},
+    "class": {"experiences": 3, "first_experience_classes": 6},
+    "task": {"experiences": 3, "first_experience_classes": 6},
+    "domain": {"experiences": 4, "domain_shift": "rotate", "rotation_step": 45.0},
 }
 STRATEGIES: dict[str, dict[str, tuple[str, ...]]] = {
     "short": {
@@ -224,7 +224,7 @@ def scenario_table(scenario: str, records: Sequence[dict[str, Any]]) -> dict[str
         row["wall_time_s"] = [entry["wall_time_s"]["mean"], entry["wall_time_s"]["std"]]
         row["seeds"] = entry["seeds"]
         table[strategy] = row
-    return {"table": table, "paired": paired_comparisons(results, scenario)}
+    return {"table": table, "paired": paired_comparisons(results, scenario, scale=100.0)}
 
 
 def markdown(report: dict[str, Any]) -> str:

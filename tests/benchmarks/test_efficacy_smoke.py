@@ -15,7 +15,7 @@ def test_efficacy_study_tiny(tmp_path, monkeypatch, capsys):
         "dataset": "digits", "image_size": 8, "patch_size": 4, "epochs": 1, "batch_size": 64, "amp": "none",
         "model_kwargs": {"depth": 1, "embed_dim": 16, "num_heads": 2}})
     monkeypatch.setitem(efficacy.SWEEP_GRIDS, "short", ((10.0, "all", 0.5), (1.0, 1, 1.0)))
-    monkeypatch.setitem(efficacy.SCENARIO_OPTIONS, "domain", {"n_experiences": 2, "rotation_step": 90.0})
+    monkeypatch.setitem(efficacy.SCENARIO_OPTIONS, "domain", {"experiences": 2, "rotation_step": 90.0})
     report_path = tmp_path / "report.json"
     assert efficacy.main(["--regime", "short", "--workers", "0", "--scenarios", "domain", "--seeds", "0", "1",
                           "--sweep-seeds", "7", "--strategies", "naive", "streamkl", "pad",

@@ -41,7 +41,7 @@ def test_paired_comparisons_by_hand():
     results = [_result("naive", s, v) for s, v in naive.items()]
     results += [_result("streamkl", s, v) for s, v in streamkl.items()]
     results.append(_result("streamkl", 9, 0.5))  # no naive run with seed 9: left out of the pairs
-    entries = {e["metric"]: e for e in paired_comparisons(results)}
+    entries = {e["metric"]: e for e in paired_comparisons(results, scale=100.0)}
     final = entries["final_avg_acc"]
     assert (final["strategy"], final["baseline"], final["n"]) == ("streamkl", "naive", 3)
     # final average accuracy = (acc on exp 0 + 1.0) / 2, so its differences are halved: 2.5, 5, 1
@@ -52,5 +52,8 @@ def test_paired_comparisons_by_hand():
     assert forgetting["mean_diff"] == pytest.approx(-17 / 3)  # less forgetting is negative
     assert set(entries) == {"final_avg_acc", "forgetting", "learning_acc"}  # no Task-IL matrix recorded
     assert set(final) == {"strategy", "baseline", "metric", "mean_diff", "ci95", "n"}
-    text = format_paired(list(entries.values()))
+    fractions = {e["metric"]: e for e in paired_comparisons(results)}
+    assert fractions["final_avg_acc"]["mean_diff"] == pytest.approx(final["mean_diff"] / 100)
+    text = format_paired(list(fractions.values()))
+    assert f"{final['mean_diff']:+6.1f} pp" in text
     assert "streamkl - naive  final_avg_acc" in text and "(n=3)" in text and "learning_acc" not in text
