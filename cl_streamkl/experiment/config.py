@@ -39,8 +39,9 @@ DEFAULT_MODEL = "vit_tiny_patch16_224"
 # it learns each Split-Digits experience in a few seconds on two CPU cores.
 DEFAULT_MODEL_KWARGS: dict[str, Any] = {"depth": 4, "embed_dim": 64, "num_heads": 2}
 DEFAULT_ARCHITECTURE = "a 4-block, 64-wide, 2-head ViT, not ViT-Ti itself"
+# cluttered-mnist: the default canvas's side (ClutterOptions), every pixel kept.
 DEFAULT_IMAGE_SIZE = {"digits": 32, "mnist5k": 32, "cifar10": 32, "cifar100": 32, "tiny-imagenet": 64,
-                      "imagefolder": 64}
+                      "imagefolder": 64, "cluttered-mnist": 128}
 # Fields that do not change what one (strategy, seed) run computes: where files live, and
 # which other runs the experiment holds. A checkpoint's fingerprint leaves them out.
 FINGERPRINT_EXCLUDED = ("out", "data_root", "download", "strategies", "seeds")
@@ -109,6 +110,14 @@ def parse_model_kwarg(text: str) -> tuple[str, Any]:
         return key, value
 
 
+def _per_dataset(defaults: dict[str, Any]) -> str:
+    """``{"digits": 5, "cifar100": 10}`` → ``"5 for digits, 10 for cifar100"`` (datasets grouped by value)."""
+    by_value: dict[Any, list[str]] = {}
+    for dataset, value in defaults.items():
+        by_value.setdefault(value, []).append(dataset)
+    return "; ".join(f"{value} for {', '.join(names)}" for value, names in by_value.items())
+
+
 def _model_kwargs_help() -> str:
     defaults = " ".join(f"{k}={v}" for k, v in DEFAULT_MODEL_KWARGS.items())
     return (f"extra timm constructor arguments (pretrained=True is refused: nothing is downloaded, use "
@@ -135,7 +144,7 @@ class ExperimentConfig:
     download: bool = setting(False, "data", "fetch CIFAR / Tiny-ImageNet into --data-root if missing "
                              "(off by default)")
     experiences: int | None = setting(None, "data", "number of experiences", metavar="N", bound="positive",
-                                      default_help="5 for digits, mnist5k, cifar10 and imagefolder, 10 otherwise")
+                                      default_help=_per_dataset({k: v.n_experiences for k, v in DATASETS.items()}))
     val_fraction: float = setting(0.1, "data", "fraction of each class's training data held out for validation",
                                   bound="non-negative")
     split_seed: int = setting(0, "data", "seed of the train/validation/test splits, fixed across --seeds",
@@ -143,7 +152,7 @@ class ExperimentConfig:
     eval_split: str = setting("test", "data", "data that fills the accuracy matrix; tune hyper-parameters on 'val'",
                               choices=EVAL_SPLITS)
     image_size: int | None = setting(None, "model", "input side length, in pixels", bound="positive",
-                                     default_help="32 for digits, mnist5k and CIFAR, 64 otherwise")
+                                     default_help=_per_dataset(DEFAULT_IMAGE_SIZE))
     in_chans: int | None = setting(None, "data", "channels for --dataset imagefolder", choices=(1, 3),
                                    default_help="3")
     first_experience_classes: int | None = setting(
