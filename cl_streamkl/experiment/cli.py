@@ -18,6 +18,7 @@ import dataclasses
 import os
 import sys
 import time
+import types
 import typing
 import warnings
 from collections.abc import Iterator, Sequence
@@ -112,12 +113,14 @@ def _add_setting(group: argparse._ArgumentGroup, field: dataclasses.Field, flag:
                  default: Any) -> None:
     """One configuration field's option; its value stays unset unless given (the default is in the help)."""
     kwargs: dict[str, Any] = {"dest": field.name, "default": argparse.SUPPRESS}
-    base = next((a for a in typing.get_args(hint) if a is not type(None)), hint) if flag.type is None else None
+    base = hint
+    if typing.get_origin(base) in (typing.Union, types.UnionType):  # X | None: an option given is an X
+        base = next(arg for arg in typing.get_args(base) if arg is not type(None))
+    if typing.get_origin(base) is list:  # one value per word (nargs)
+        base = typing.get_args(base)[0]
     if base is bool:
         kwargs["action"] = "store_true"
     else:
-        if typing.get_origin(base) is list:
-            base = typing.get_args(base)[0]
         kwargs["type"] = flag.type or base
         if flag.nargs:
             kwargs["nargs"] = flag.nargs

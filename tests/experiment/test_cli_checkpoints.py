@@ -104,7 +104,7 @@ def test_config_file_starts_a_run_and_flags_override_it(tmp_path, capsys):
     # lr 1e-9 learns nothing: a warning names the strategy, seed and experience.
     err = capsys.readouterr().err
     assert "cl-streamkl: warning: naive seed 1 did not learn experience 2: 0.0 % accuracy" in err
-    assert "chance is 50.0 %" in err  # two classes per experience
+    assert "chance is 20.0 %" in err  # one over the experience's five classes
     # The file's own --out is not reused, and --config does not combine with --resume.
     assert cli.main(["run", "--resume", str(out), "--config", str(config_file)]) == 2
     assert "drop --config" in capsys.readouterr().err

@@ -18,8 +18,7 @@ from cl_streamkl.experiment import cli, runner
         (["--scenario", "task", "--strategies", "wa"], "needs scenario 'class'"),
         (["--scenario", "domain", "--first-experience-classes", "4"], "first_experience_classes needs scenario"),
         (["--experiences", "3"], "must divide the 10 classes"),
-        (["--dataset", "mnist"], "dataset must be one of digits, mnist5k, cifar10, cifar100, tiny-imagenet, "
-                                  "imagefolder; got 'mnist' (did you mean 'mnist5k'?)"),
+        (["--dataset", "mnist"], "got 'mnist' (did you mean 'mnist5k'"),
         (["--model", "vit_tinyy_patch16_224"], "unknown timm model 'vit_tinyy_patch16_224'; did you mean"),
         (["--model", "resnet18"], "ViT-family"),
         (["--dataset", "cifar10"], "needs --data-root"),
@@ -114,7 +113,7 @@ def test_failed_checkpoint_write_is_one_line_and_keeps_the_previous_checkpoint(t
     assert f"cannot write {ckpt}: {reason}; the previous version is kept" in err
     assert f"continue with: cl-streamkl run --resume {out}" in err
     assert [p.name for p in ckpt.parent.iterdir()] == [ckpt.name]
-    from cl_streamkl.experiment.outputs import read_config
+    from cl_streamkl.experiment.config_file import read_config
 
     config = read_config(out).resolved()
     assert load_checkpoint(ckpt, RunIdentity("naive", 0, config.fingerprint_json()))["experiences_done"] == 1
@@ -127,7 +126,8 @@ def test_read_only_output_folder_is_one_line(tmp_path, capsys, monkeypatch):
     read_only(monkeypatch, tmp_path / "locked")
     rc, out = run_cli(tmp_path, "locked", "--strategies", "naive", "--experiences", "2")
     assert rc == 1
-    assert f"cannot write {out / 'config.json'}: Permission denied" in one_line_error(capsys)
+    # the run folder's lock is the first file a run writes
+    assert f"cannot write {out / '.cl-streamkl.lock'}: Permission denied" in one_line_error(capsys)
 
 
 def test_wandb_without_credentials_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):
