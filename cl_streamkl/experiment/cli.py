@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from cl_streamkl.distributed.data_parallel import DIST_TIMEOUT_S
+from cl_streamkl.distributed.lost_peers import LostPeerError
 from cl_streamkl.experiment.config import LOGGERS, ExperimentConfig, Flag, describe_model, flag_name, flags
 from cl_streamkl.experiment.config_checks import suggest
 from cl_streamkl.experiment.data.errors import DataError
@@ -242,14 +243,38 @@ def _run(args: argparse.Namespace, config: ExperimentConfig) -> int:
     import cl_streamkl.experiment.runner  # noqa: F401
     from cl_streamkl.distributed.data_parallel import start_data_parallel, stop_data_parallel
 
-    data_parallel = start_data_parallel(config.device, args.dist_timeout)
+    try:
+        data_parallel = start_data_parallel(config.device, args.dist_timeout)
+    except LostPeerError as err:
+        raise LostPeerError(f"{err}; {_after_lost_peer(config.out, int(os.environ.get('WORLD_SIZE', '1')))}") from err
     try:
         if config.out is None:
             # Rank 0's clock names the folder: the ranks' clocks may tick apart.
             config.out = data_parallel.broadcast(str(Path("runs") / time.strftime("%Y%m%d-%H%M%S")))
         return _run_processes(args, config, args.resume is not None, data_parallel)
+    except LostPeerError as err:
+        raise LostPeerError(f"{err}; {_after_lost_peer(config.out, data_parallel.world_size)}") from err
     finally:
         stop_data_parallel(data_parallel)
+
+
+# The exit status of a data-parallel run that lost one of its processes.
+LOST_PEER_STATUS = 3
+
+
+def _continue_with(out_dir: Path | str, world_size: int) -> str:
+    """The command that resumes the run in ``out_dir`` with ``world_size`` processes."""
+    return (f"torchrun --nproc_per_node {world_size} -m cl_streamkl run --resume {out_dir}" if world_size > 1
+            else f"cl-streamkl run --resume {out_dir}")
+
+
+def _after_lost_peer(out: str | None, world_size: int) -> str:
+    """What to do once a peer is lost: resume the run if its folder holds one, else start again."""
+    from cl_streamkl.experiment.config_file import CONFIG_FILE
+
+    if out is not None and (Path(out) / CONFIG_FILE).exists():
+        return f"stop any process of the run still running, then continue with: {_continue_with(out, world_size)}"
+    return "nothing was written; stop any process of the run still running and start it again"
 
 
 def _refuse_used_folder(out_dir: Path, resume: bool) -> None:
@@ -322,18 +347,19 @@ def _train_and_report(args: argparse.Namespace, config: ExperimentConfig, resume
 
     out_dir = Path(config.out)
     main_rank, world_size = data_parallel.is_main, data_parallel.world_size
-    continue_with = (f"torchrun --nproc_per_node {world_size} -m cl_streamkl run --resume {out_dir}" if world_size > 1
-                     else f"cl-streamkl run --resume {out_dir}")
+    continue_with = _continue_with(out_dir, world_size)
     env = environment(world_size) if main_rank else None  # the code and libraries the run starts with
 
     def warn(message: str) -> None:
         tqdm.write(f"cl-streamkl: warning: {message}", file=sys.stderr)
 
     try:
-        results = run_experiment(
-            config, out_dir, resume=resume, show_progress=main_rank and not args.no_progress,
-            log=tqdm.write if main_rank else None, warn=warn if main_rank else None,
-            splits=splits, loggers=args.log, data_parallel=data_parallel)
+        # DistributedDataParallel's steps reduce gradients inside the training loop.
+        with data_parallel.peers_checked("training"):
+            results = run_experiment(
+                config, out_dir, resume=resume, show_progress=main_rank and not args.no_progress,
+                log=tqdm.write if main_rank else None, warn=warn if main_rank else None,
+                splits=splits, loggers=args.log, data_parallel=data_parallel)
         if not main_rank:
             return 0
         summary = summarize(results)
@@ -364,7 +390,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     Returns:
         Exit status: 0 on success; 1 when a file cannot be written (read-only folder, full
         disk); 2 for invalid arguments, data, configuration or checkpoints, or a run
-        folder in use; 130 when interrupted. Errors are one line on stderr.
+        folder in use; 3 when another process of a data-parallel run is lost (died, hung
+        past ``--dist-timeout``); 130 when interrupted. Errors are one line on stderr.
     """
     quiet_third_party_warnings()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -387,6 +414,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         _print_error(err)
         return 2
+    except LostPeerError as err:
+        _print_error(err)
+        return LOST_PEER_STATUS
     except (OutputWriteError, OSError) as err:
         _print_error(err)
         return 1

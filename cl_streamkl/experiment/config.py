@@ -31,6 +31,8 @@ ATTENTION_DISTILLATIONS = ("streamkl", "pad")
 DEFAULT_STRATEGIES = ("naive", "lwf", "streamkl", "lwf+streamkl")
 AMP_MODES = ("none", "bf16", "fp16")
 KL_BACKENDS = ("auto", "torch", "triton")
+# PAD's variants (cl_streamkl.strategies.pooled_attention.PAD_VARIANTS, named here without importing torch).
+PAD_VARIANTS = ("symmetric", "asymmetric")
 # Avalanche loggers --log can add (see cl_streamkl.experiment.loggers).
 LOGGERS = ("tensorboard", "csv", "wandb")
 DEVICES = ("auto", "cpu", "cuda")
@@ -197,10 +199,18 @@ class ExperimentConfig:
                                     "torch.compile (faster steps after a one-off compile)")
     pad_alpha: float = setting(1.0, "StreamKL and baselines", "weight of pooled attention distillation, "
                                "strategy pad", bound="non-negative")
+    pad_variant: str = setting("symmetric", "StreamKL and baselines", "PAD's variant: symmetric, or asymmetric "
+                               "(only attention taken away from where the teacher looked costs; the authors' "
+                               "headline runs)", choices=PAD_VARIANTS)
     lwf_alpha: float = setting(1.0, "StreamKL and baselines", "LwF weight", bound="non-negative")
     lwf_temperature: float = setting(2.0, "StreamKL and baselines", "LwF softmax temperature", bound="positive")
     ewc_lambda: float = setting(100.0, "StreamKL and baselines", "EWC weight", bound="non-negative")
-    mem_size: int = setting(100, "StreamKL and baselines", "replay buffer size, in samples", bound="non-negative")
+    mem_size: int = setting(100, "StreamKL and baselines", "replay buffer size, in samples, balanced over "
+                            "experiences (class, task: over classes)", bound="non-negative")
+    mem_per_class: int = setting(0, "StreamKL and baselines", "class and task scenarios: keep this many images of "
+                                 "every class seen instead of --mem-size in all (0: off)", bound="non-negative")
+    mem_batch_size: int = setting(0, "StreamKL and baselines", "replayed samples added to each training batch "
+                                  "(0: --batch-size)", bound="non-negative")
 
     device: str = setting("auto", "run control", "where to train", choices=DEVICES)
     amp: str = setting("none", "run control", "mixed precision", choices=AMP_MODES)
