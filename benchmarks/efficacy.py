@@ -81,11 +81,25 @@ def _init_worker(threads: int, gpus: int, counter: Any) -> None:
     warnings.filterwarnings("ignore")
 
 
+def load_data(unit: Unit, plan: dict[str, Any], config: Any = None) -> Any:
+    """The regime's data, checked and loaded (or generated and cached) once per process.
+
+    Args:
+        unit, plan: a unit of the plan (its regime's data serves every unit).
+        config: the unit's resolved configuration (default: built here, on the CPU).
+    """
+    from cl_streamkl.experiment.preflight import check_experiment
+
+    key = json.dumps(plan["settings"], sort_keys=True)
+    if key not in _splits_cache:
+        _splits_cache[key] = check_experiment(
+            config or ExperimentConfig(**unit.config_fields(plan), device="cpu").resolved())
+    return _splits_cache[key]
+
+
 def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline: float | None
              ) -> dict[str, Any] | None:
     """Train one unit and return its record (read back when done); None when stopped by the deadline."""
-    from cl_streamkl.experiment.config import ExperimentConfig
-    from cl_streamkl.experiment.preflight import check_experiment
     from cl_streamkl.experiment.runner import run_experiment
 
     record = Path(root) / "units" / f"{unit.name}.json"
@@ -95,10 +109,7 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
         return None
     out = Path(root) / "runs" / unit.name
     config = ExperimentConfig(**unit.config_fields(plan), device=device, out=str(out)).resolved()
-    # A worker loads (and generates or resizes) the regime's data once for all its units.
-    data_key = json.dumps(plan["settings"], sort_keys=True)
-    if data_key not in _splits_cache:
-        _splits_cache[data_key] = check_experiment(config)
+    splits = load_data(unit, plan, config)
     start = last = time.perf_counter()
 
     def after_experience(_: str) -> None:
@@ -111,7 +122,7 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
 
     try:
         result = run_experiment(config, out, resume=out.exists(), show_progress=False, log=after_experience,
-                                splits=_splits_cache[data_key])[0]
+                                splits=splits)[0]
     except _OutOfTime:
         return None
     payload = {"unit": dataclasses.asdict(unit), **result.to_dict(), "process_s": time.perf_counter() - start}
@@ -332,6 +343,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 todo = [unit for unit in units if unit.name not in records]
                 if args.max_units is not None:
                     todo = todo[:max(0, args.max_units - started)]
+                if todo:
+                    load_data(todo[0], plan)  # generated here once, not by every worker at the same time
                 finished, halted = run_units(todo, pool, plan, args, deadline)
                 started, stopped = started + finished + halted, stopped + halted
     report = build_report(plan, finished_records(args.out), environment)
