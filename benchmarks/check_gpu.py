@@ -3,7 +3,8 @@
 Checks, on CUDA, against the float64 materialising reference:
   * bf16 / fp16 / fp32 at N = 1, 17, 197, 577, 1024, 1025, 4096 (values and student gradients;
     the odd lengths run the masked tail tiles), causal and mutual (teacher-gradient) variants,
-    each with the split and the one-pass backward (``--backwards``), timm-style strided views;
+    each with the split and the one-pass backward (``--backwards``); head dims 32, 80, 128 and
+    256 with each backward; timm-style strided views;
   * int64 addressing: a strided view whose offsets pass 2**31 elements, at N = 131072;
   * torch.compile(fullgraph=True) through the registered custom ops.
 Then times (1, 12, 8192, 64) bf16 fwd and fwd+bwd beside SDPA and eager PyTorch.
@@ -188,20 +189,23 @@ def run_checks(lengths: list[int], dtype_names: list[str], backwards: list[str],
             print(f"{name} fwd_err={result['fwd']:.2e} grad_err={result['grads']:.2e} {'ok' if ok else 'FAIL'}",
                   flush=True)
     if extras:
-        records += run_extra_checks()
+        records += run_extra_checks(backwards)
     print(f"correctness failures: {sum(not record['ok'] for record in records)}")
     return records
 
 
-def run_extra_checks() -> list[dict]:
-    """Head dims, strided views (values, gradients and their layout), int64 offsets and torch.compile;
-    return each check's name, errors and verdict."""
+def run_extra_checks(backwards: list[str]) -> list[dict]:
+    """Head dims (with each of ``backwards``), strided views (values, gradients and their layout), int64
+    offsets and torch.compile; return each check's name, errors and verdict."""
     records = []
-    bf16_cases = {f"D={dim} bf16": functools.partial(check_case, 1, 2, 577, dim, torch.bfloat16, teacher_grad=True)
-                  for dim in (32, 80, 128, 256)}
+    bf16_cases = {
+        f"D={dim} bf16 {backward}": functools.partial(check_case, 1, 2, 577, dim, torch.bfloat16, teacher_grad=True)
+        for dim in (32, 80, 128, 256) for backward in backwards
+    }
     bf16_cases["strided timm views bf16 (grads in the inputs' layout)"] = check_strided_timm_views
     for name, check in bf16_cases.items():
-        result = check()
+        with kernel_options(backward=name.split()[-1] if name.split()[-1] in BACKWARDS else "split"):
+            result = check()
         ok = result["fwd"] < 1e-4 and result["grads"] < 2e-2
         records.append({"name": name, "fwd_err": result["fwd"], "grad_err": result["grads"], "ok": ok})
         print(f"{name} fwd_err={result['fwd']:.2e} grad_err={result['grads']:.2e} {'ok' if ok else 'FAIL'}")

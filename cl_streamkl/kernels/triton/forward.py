@@ -1,8 +1,8 @@
 """The forward kernels: per query row, KL(softmax(s_t) ‖ softmax(s_s)) in one pass over the keys.
 
 An online softmax for each of the two score rows (running maximum and sum, base 2:
-u = s·scale·log2(e)) and the teacher-weighted score gap, so
-    KL_i = Σ_j p_t (u_t − u_s) − lse_t + lse_s   (times ln 2)
+u = s·log2(e)) and the teacher-weighted score gap, so
+    KL_i = Σ_j p_t (s_t − s_s) − lse_t + lse_s
 needs no second pass. The log-sum-exps are stored for the backward kernels.
 ``_attention_kl_fwd_kernel`` runs one problem; ``_attention_kl_grouped_fwd_kernel`` runs L
 problems of one shape (the distilled blocks of a model) in one launch, reading each problem's
@@ -36,39 +36,27 @@ def _fwd_tile(
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
     POLY_EXP2_DEGREE: tl.constexpr, POLY_EXP2_SPLITS: tl.constexpr,
 ):
-    """One key tile of the online forward; returns the updated running state.
-
-    The scores stay unscaled until the exponent: the maxima are taken on them (the scales are
-    positive), and x = s·c − m, the exponent's argument, is one fused multiply-add per score.
-    ``gap`` is Σ p_t·(x_t − x_s) over the keys so far, relative to the running maxima, so a
-    change of maxima moves it by a per-row term and no large, nearly equal sums are subtracted.
-    """
-    s_s = dot(q, tl.trans(k), DOT_PRECISION)
-    s_t = dot(qt, tl.trans(kt), DOT_PRECISION)
+    """One key tile of the online forward; returns the updated running state."""
+    u_s = dot(q, tl.trans(k), DOT_PRECISION) * scale_s_log2
+    u_t = dot(qt, tl.trans(kt), DOT_PRECISION) * scale_t_log2
+    score_gap = u_t - u_s
     if MASKED:
-        # Masked entries get 2^-inf = 0 weight.
+        # Masked entries get 2^-inf = 0 weight and a zero gap (never -inf - -inf).
         valid = keys[None, :] < n_k
         if CAUSAL:
             valid = valid & (keys[None, :] <= rows[:, None])
-        s_s = tl.where(valid, s_s, float("-inf"))
-        s_t = tl.where(valid, s_t, float("-inf"))
+        score_gap = tl.where(valid, score_gap, 0.0)
+        u_s = tl.where(valid, u_s, float("-inf"))
+        u_t = tl.where(valid, u_t, float("-inf"))
 
-    new_max_s = tl.maximum(max_s, tl.max(s_s, 1) * scale_s_log2)
-    new_max_t = tl.maximum(max_t, tl.max(s_t, 1) * scale_t_log2)
-    x_s = s_s * scale_s_log2 - new_max_s[:, None]
-    x_t = s_t * scale_t_log2 - new_max_t[:, None]
-    p_t = teacher_exp2(x_t, POLY_EXP2_DEGREE, POLY_EXP2_SPLITS)
-    x_gap = x_t - x_s
-    if MASKED:
-        x_gap = tl.where(valid, x_gap, 0.0)  # never 0·(−inf − −inf)
+    new_max_s = tl.maximum(max_s, tl.max(u_s, 1))
+    sum_s = sum_s * tl.math.exp2(max_s - new_max_s) + tl.sum(tl.math.exp2(u_s - new_max_s[:, None]), 1)
 
+    new_max_t = tl.maximum(max_t, tl.max(u_t, 1))
     rescale_t = tl.math.exp2(max_t - new_max_t)
-    # x moves by the change of its row's maximum; before any valid key sum_t is 0 and the
-    # change is −inf − −inf, so the term is left out rather than multiplied.
-    shift = tl.where(sum_t > 0, ((max_t - new_max_t) - (max_s - new_max_s)) * sum_t, 0.0)
-    gap = (gap + shift) * rescale_t + tl.sum(p_t * x_gap, 1)
+    p_t = teacher_exp2(u_t - new_max_t[:, None], POLY_EXP2_DEGREE, POLY_EXP2_SPLITS)
     sum_t = sum_t * rescale_t + tl.sum(p_t, 1)
-    sum_s = sum_s * tl.math.exp2(max_s - new_max_s) + tl.sum(tl.math.exp2(x_s), 1)
+    gap = gap * rescale_t + tl.sum(p_t * score_gap, 1)
     return new_max_s, sum_s, new_max_t, sum_t, gap
 
 
@@ -117,8 +105,8 @@ def _fwd_rows(
 
     log2_sum_s = tl.math.log2(sum_s)
     log2_sum_t = tl.math.log2(sum_t)
-    # gap is relative to the maxima, so no large and nearly equal log-sum-exps are subtracted.
-    row_kl = (gap / sum_t - log2_sum_t + log2_sum_s) * 0.6931471805599453
+    # Subtract the maxima first: both log-sum-exps can be large and nearly equal.
+    row_kl = (gap / sum_t - (max_t - max_s) - log2_sum_t + log2_sum_s) * 0.6931471805599453
     out = out_base + rows.to(tl.int64)
     row_ok = rows < n_q
     tl.store(ROW_KL + out, row_kl, mask=row_ok)
