@@ -17,7 +17,8 @@ import cl_streamkl
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = ROOT / "pyproject.toml"
 CORE_EXPORTS = {"AttentionKLDivLoss", "attention_kl", "attention_kl_grouped", "attention_kl_reference",
-                "attention_kl_key_sharded", "__version__"}
+                "attention_kl_key_sharded", "PooledAttention", "pooled_attention", "pooled_attention_reference",
+                "__version__"}
 # What only the wings need: none of it may be imported by ``import cl_streamkl``.
 WING_MODULES = ("avalanche", "timm", "matplotlib", "sklearn", "scipy", "mlxtend", "psutil", "tqdm")
 
@@ -56,6 +57,8 @@ def test_the_op_runs_without_any_wing_dependency() -> None:
         "got = cl_streamkl.attention_kl(q, k, qt, kt)\n"
         "want = cl_streamkl.attention_kl_reference(q, k, qt, kt)\n"
         "assert torch.allclose(got, want.float(), rtol=1e-5), (got, want)\n"
+        "pooled = cl_streamkl.pooled_attention(q, k).per_key\n"
+        "assert torch.allclose(pooled, cl_streamkl.pooled_attention_reference(q, k).per_key.float())\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & BLOCKED))\n"
     )
     result = run_without(WING_MODULES, code)

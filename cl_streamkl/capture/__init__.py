@@ -5,7 +5,8 @@ One job per module:
 * :mod:`~cl_streamkl.capture.context`: :class:`QKCapture`, the context manager that
   records the Q/K of selected blocks during a forward.
 * :mod:`~cl_streamkl.capture.extractors`: how one attention class is read (the extractor
-  registry, the product watcher, timm's defaults).
+  registry, the product watcher, the defaults).
+* :mod:`~cl_streamkl.capture.multihead`: ``nn.MultiheadAttention`` (torchvision's ViT).
 * :mod:`~cl_streamkl.capture.layers`: layer selections and each block's attention module.
 * :mod:`~cl_streamkl.capture.graph_reads`: reading the product back from the autograd
   graph, so that verified modules need not be watched; :func:`graph_reads_disabled`

@@ -10,12 +10,15 @@ picks out the one product that forms the scores, either
 * ``(q * scale) @ k.transpose(-2, -1)`` (timm's manual path).
 
 Whatever qk-norm, rotary embedding or grouped-query expansion happens before that call
-is therefore already applied. If neither pattern shows up, or an attention mask /
-causal flag is passed (scores that ``q kᵀ`` alone does not describe), the forward fails
-with an error naming the module type instead of returning wrong tensors.
+is therefore already applied. If neither pattern shows up, or the scores are not just
+``q kᵀ`` (an attention mask or causal flag passed to ``scaled_dot_product_attention``, or
+manual scores that meet anything but a softmax, such as timm's additive mask for
+``attn_mask`` / ``is_causal``), the forward fails with an error naming the module type
+instead of returning wrong tensors.
 
 Registered by default: timm's ``Attention`` (ViT, DeiT, DeiT-3), ``AttentionRope`` and
-``eva.EvaAttention`` (EVA, EVA-02). Attention classes with extra score terms, such as
+``eva.EvaAttention`` (EVA, EVA-02), and ``nn.MultiheadAttention`` (torchvision's
+``VisionTransformer``; read by :mod:`cl_streamkl.capture.multihead`). Attention classes with extra score terms, such as
 BEiT's relative-position bias, are deliberately not registered and are rejected with a
 clear error.
 """
@@ -68,6 +71,13 @@ _MUL_FUNCS = frozenset({torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__r
 _MATMUL_FUNCS = frozenset({torch.Tensor.matmul, torch.Tensor.__matmul__, torch.matmul})
 _TRANSPOSE_FUNCS = frozenset({torch.Tensor.transpose, torch.transpose})
 _LAST_TWO_DIMS = ({-2, -1}, {2, 3})
+_SOFTMAX_FUNCS = frozenset({torch.Tensor.softmax, torch.softmax, F.softmax})
+# Calls that read a tensor's metadata, never its values: manual scores may meet these
+# before the softmax (timm builds its causal mask with ``scores.new_full``).
+_METADATA_FUNCS = frozenset({
+    torch.Tensor.size, torch.Tensor.dim, torch.Tensor.new_full, torch.Tensor.new_zeros,
+    torch.Tensor.new_ones, torch.Tensor.new_empty, torch.Tensor.new_tensor,
+})
 
 
 def register_qk_extractor(attention_cls: type, extractor: QKExtractor | None = None) -> None:
@@ -102,13 +112,13 @@ def register_qk_extractor(attention_cls: type, extractor: QKExtractor | None = N
         extractor = attention_product_extractor
     if not callable(extractor):
         raise TypeError(f"extractor must be callable, got {type(extractor).__name__}")
-    _ensure_timm_defaults()
+    _ensure_defaults()
     _EXTRACTORS[attention_cls] = extractor
 
 
 def qk_extractor_for(module: nn.Module) -> QKExtractor | None:
     """The extractor registered for ``type(module)``, or ``None``."""
-    _ensure_timm_defaults()
+    _ensure_defaults()
     return _EXTRACTORS.get(type(module))
 
 
@@ -138,6 +148,9 @@ class _ProductWatcher(TorchFunctionMode):
         self.scaled: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.transposed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.found: list[tuple[torch.Tensor, torch.Tensor, float]] = []
+        # Manual scores not yet passed to a softmax: anything else they meet first (a mask
+        # added, a bias, a masked_fill) makes them more than q kᵀ.
+        self.scores: torch.Tensor | None = None
 
     def start(self) -> None:
         self._reset()
@@ -161,6 +174,8 @@ class _ProductWatcher(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.scores is not None:
+            self._check_scores_use(func, args, kwargs)
         out = func(*args, **kwargs)
         if func is F.scaled_dot_product_attention:
             self._on_sdpa(args, kwargs)
@@ -169,8 +184,21 @@ class _ProductWatcher(TorchFunctionMode):
         elif func in _TRANSPOSE_FUNCS:
             self._on_transpose(args, kwargs, out)
         elif func in _MATMUL_FUNCS and len(args) == 2:
-            self._on_matmul(args)
+            self._on_matmul(args, out)
         return out
+
+    def _check_scores_use(self, func, args, kwargs) -> None:
+        scores = self.scores
+        if not any(value is scores for value in (*args, *kwargs.values())):
+            return
+        if func in _SOFTMAX_FUNCS:
+            self.scores = None
+        elif func not in _METADATA_FUNCS and getattr(func, "__name__", None) != "__get__":  # __get__: .shape, .dtype
+            name = getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func))
+            raise self._fail(
+                f"its scores q kᵀ pass through {name} before the softmax (an attention mask, "
+                "is_causal or a bias), so q and k alone do not describe them"
+            )
 
     def _on_sdpa(self, args, kwargs) -> None:
         names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
@@ -199,10 +227,11 @@ class _ProductWatcher(TorchFunctionMode):
         if dims in _LAST_TWO_DIMS:
             self.transposed[id(out)] = (out, args[0])
 
-    def _on_matmul(self, args) -> None:
+    def _on_matmul(self, args, out) -> None:
         a, b = args
         if id(a) in self.scaled and id(b) in self.transposed:
             self.found.append((self.scaled[id(a)][1], self.transposed[id(b)][1], self._module_scale()))
+            self.scores = out
 
     def finish(self) -> tuple[torch.Tensor, torch.Tensor, float]:
         """Check the forward produced exactly one score product, record and return it."""
@@ -257,7 +286,9 @@ def attention_product_extractor(module: nn.Module, record: RecordQK) -> list[Rem
     ``scale`` argument or ``D**-0.5``), or the ``q`` of ``q * module.scale`` and the ``k``
     of ``k.transpose(-2, -1)`` when the module multiplies those two. The forward raises
     ``RuntimeError`` naming the module type if it does not contain exactly one such
-    product, or if it passes an attention mask / ``is_causal=True``.
+    product, if it passes an attention mask / ``is_causal=True`` to
+    ``scaled_dot_product_attention``, or if its manual scores meet anything but a softmax
+    first (timm's non-fused path adds the mask of ``attn_mask`` / ``is_causal`` there).
 
     Watching costs host time on every torch call of the forward. So when a watched
     forward that recorded an autograd graph shows that graph holding the same product
@@ -319,16 +350,22 @@ def attention_product_extractor(module: nn.Module, record: RecordQK) -> list[Rem
 _DEFAULTS_REGISTERED = False
 
 
-def _ensure_timm_defaults() -> None:
-    """Register timm's attention classes on first use, so importing this module stays cheap.
+def _ensure_defaults() -> None:
+    """Register the default extractors on first use, so importing this module stays cheap.
 
-    Defaults never replace an extractor the user registered for the same class, and
-    without timm installed there are simply no defaults.
+    ``nn.MultiheadAttention`` (torchvision's ViT) gets
+    :func:`~cl_streamkl.capture.multihead.multihead_attention_extractor`; timm's attention
+    classes, when timm is installed, get :func:`attention_product_extractor`. Defaults
+    never replace an extractor the user registered for the same class.
     """
     global _DEFAULTS_REGISTERED
     if _DEFAULTS_REGISTERED:
         return
     _DEFAULTS_REGISTERED = True
+    # Imported here: multihead builds on this module.
+    from cl_streamkl.capture.multihead import multihead_attention_extractor
+
+    _EXTRACTORS.setdefault(nn.MultiheadAttention, multihead_attention_extractor)
     try:
         import timm.layers
         import timm.models.eva

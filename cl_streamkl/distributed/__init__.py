@@ -5,6 +5,8 @@
 * :mod:`~cl_streamkl.distributed.data_parallel`: the process group torchrun describes
   (:class:`DataParallel`, :func:`start_data_parallel`), and :func:`unwrap_data_parallel`.
 * :mod:`~cl_streamkl.distributed.sharding`: each rank's share of every batch (:class:`BatchShards`).
+* :mod:`~cl_streamkl.distributed.lost_peers`: a process lost by the others, as one line
+  (:class:`LostPeerError`, :func:`peers_checked`).
 
 Kept out of the top-level namespace (but for :func:`attention_kl_key_sharded`), as torch
 keeps its collectives under ``torch.distributed``.
@@ -18,12 +20,15 @@ from cl_streamkl.distributed.data_parallel import (
     stop_data_parallel,
     unwrap_data_parallel,
 )
+from cl_streamkl.distributed.lost_peers import LostPeerError, peers_checked
 from cl_streamkl.distributed.sharding import BatchShards, sharded_loader
 
 __all__ = [
     "BatchShards",
     "DataParallel",
+    "LostPeerError",
     "attention_kl_key_sharded",
+    "peers_checked",
     "resolve_device",
     "sharded_loader",
     "start_data_parallel",

@@ -6,7 +6,8 @@ MASTER_PORT). :func:`start_data_parallel` checks them, joins the process group (
 CUDA with rank r on GPU LOCAL_RANK, gloo on the CPU) with a timeout, and returns a
 :class:`DataParallel` handle. A process started without torchrun, or a world of one, gets
 the handle of a single process, whose collectives return their input.
-:func:`stop_data_parallel` leaves the group.
+:func:`stop_data_parallel` leaves the group. A peer lost while joining or in any of the
+handle's collectives raises a one-line :class:`~cl_streamkl.distributed.lost_peers.LostPeerError`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DataParallel as SingleProcessDataParallel
 from torch.nn.parallel import DistributedDataParallel
+
+from cl_streamkl.distributed.lost_peers import peers_checked
 
 __all__ = [
     "DIST_TIMEOUT_S",
@@ -51,12 +54,17 @@ class DataParallel:
         local_rank: rank on this node (the GPU it uses).
         world_size: number of processes.
         device: where this process computes (``cuda:LOCAL_RANK`` or the CPU).
+        timeout_s: how long a rank waits for the others in one collective.
+
+    Every collective raises :class:`~cl_streamkl.distributed.lost_peers.LostPeerError`
+    when another process is lost (died, hung past ``timeout_s``, cut off).
     """
 
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    timeout_s: float = DIST_TIMEOUT_S
 
     @property
     def is_main(self) -> bool:
@@ -79,14 +87,25 @@ class DataParallel:
         if not self.distributed:
             return model
         device_ids = [self.device] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=find_unused_parameters)
+        with self.peers_checked("broadcasting rank 0's weights"):
+            return DistributedDataParallel(model, device_ids=device_ids, find_unused_parameters=find_unused_parameters)
+
+    def peers_checked(self, doing: str) -> contextlib.AbstractContextManager[None]:
+        """A block whose lost peer (a ``DistributedDataParallel`` step's, say) raises ``LostPeerError``.
+
+        Args:
+            doing: what the block does, completing "lost contact with the other processes
+                while ...".
+        """
+        return peers_checked(doing, self.timeout_s)
 
     def _reduced(self, values: torch.Tensor, op: dist.ReduceOp) -> torch.Tensor:
         if not self.distributed:
             return values
         # NCCL reduces tensors on this rank's GPU only.
         work = values.to(self.device, copy=True)
-        dist.all_reduce(work, op=op)
+        with self.peers_checked("adding up values over the ranks"):
+            dist.all_reduce(work, op=op)
         return work.to(values.device)
 
     def all_sum(self, values: torch.Tensor) -> torch.Tensor:
@@ -100,14 +119,16 @@ class DataParallel:
     def barrier(self) -> None:
         """Wait until every rank gets here."""
         if self.distributed:
-            dist.barrier(device_ids=[self.local_rank] if self.device.type == "cuda" else None)
+            with self.peers_checked("waiting for every rank"):
+                dist.barrier(device_ids=[self.local_rank] if self.device.type == "cuda" else None)
 
     def broadcast(self, obj: Any) -> Any:
         """Rank 0's ``obj`` on every rank (any picklable object)."""
         if not self.distributed:
             return obj
         holder = [obj]
-        dist.broadcast_object_list(holder, src=0, device=self.device)
+        with self.peers_checked("broadcasting rank 0's state"):
+            dist.broadcast_object_list(holder, src=0, device=self.device)
         return holder[0]
 
     def gather(self, obj: Any) -> list[Any]:
@@ -115,7 +136,8 @@ class DataParallel:
         if not self.distributed:
             return [obj]
         gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, obj)
+        with self.peers_checked("gathering every rank's state"):
+            dist.all_gather_object(gathered, obj)
         return gathered
 
     def adopt_main_rng(self) -> None:
@@ -180,6 +202,7 @@ def start_data_parallel(device: str, timeout_s: float = DIST_TIMEOUT_S,
         ValueError: the environment is half set (e.g. WORLD_SIZE without MASTER_ADDR), a
             value is not an integer or out of range, more processes share a node than it
             has GPUs, or the device is unavailable. Every rank raises the same error.
+        LostPeerError: the other processes did not all join within ``timeout_s``.
     """
     environ = os.environ if environ is None else environ
     present = [name for name in RANK_VARIABLES if name in environ]
@@ -216,9 +239,10 @@ def start_data_parallel(device: str, timeout_s: float = DIST_TIMEOUT_S,
         options: dict[str, Any] = {"backend": "nccl", "device_id": chosen}
     else:
         options = {"backend": "gloo"}
-    dist.init_process_group(init_method="env://", rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=timeout_s), **options)
-    return DataParallel(rank=rank, local_rank=local_rank, world_size=world_size, device=chosen)
+    with peers_checked("joining the process group", timeout_s):
+        dist.init_process_group(init_method="env://", rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=timeout_s), **options)
+    return DataParallel(rank=rank, local_rank=local_rank, world_size=world_size, device=chosen, timeout_s=timeout_s)
 
 
 def stop_data_parallel(data_parallel: DataParallel) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cl_streamkl.distributed.data_parallel import DIST_TIMEOUT_S
+from cl_streamkl.distributed.lost_peers import LostPeerError
 from cl_streamkl.experiment.config import (
     AMP_MODES,
     DEFAULT_MODEL_KWARGS,
@@ -217,6 +218,9 @@ def _parsers(defaults: ExperimentConfig | None) -> tuple[argparse.ArgumentParser
     return parser, run
 
 
+# The exit status of a data-parallel run that lost one of its processes.
+LOST_PEER_STATUS = 3
+
 _CONTROL_ONLY = {"command", "resume", "config", "log", "no_progress", "dist_timeout"}
 
 
@@ -265,15 +269,33 @@ def _run(args: argparse.Namespace, given: set[str], base: ExperimentConfig | Non
         config = read_config(Path(args.resume)).resolved()
     else:
         config = _config_from_args(args, base)
-    data_parallel = start_data_parallel(config.device, args.dist_timeout)
+    try:
+        data_parallel = start_data_parallel(config.device, args.dist_timeout)
+    except LostPeerError as err:
+        raise LostPeerError(f"{err}; {_after_lost_peer(config.out, int(os.environ.get('WORLD_SIZE', '1')))}") from err
     try:
         if not resume:
             # Rank 0's clock names the folder: the ranks' clocks may tick apart.
             config.out = config.out or data_parallel.broadcast(str(Path("runs") / time.strftime("%Y%m%d-%H%M%S")))
             config = config.resolved()
         return _run_processes(args, config, resume, data_parallel)
+    except LostPeerError as err:
+        raise LostPeerError(f"{err}; {_after_lost_peer(config.out, data_parallel.world_size)}") from err
     finally:
         stop_data_parallel(data_parallel)
+
+
+def _continue_with(out_dir: Path | str, world_size: int) -> str:
+    """The command that resumes the run in ``out_dir`` with ``world_size`` processes."""
+    return (f"torchrun --nproc_per_node {world_size} -m cl_streamkl run --resume {out_dir}" if world_size > 1
+            else f"cl-streamkl run --resume {out_dir}")
+
+
+def _after_lost_peer(out: str | None, world_size: int) -> str:
+    """What to do once a peer is lost: resume the run if its folder holds one, else start again."""
+    if out is not None and (Path(out) / "config.json").exists():
+        return f"stop any process of the run still running, then continue with: {_continue_with(out, world_size)}"
+    return "nothing was written; stop any process of the run still running and start it again"
 
 
 def _run_processes(args: argparse.Namespace, config: ExperimentConfig, resume: bool,
@@ -292,8 +314,7 @@ def _run_processes(args: argparse.Namespace, config: ExperimentConfig, resume: b
     if not resume and (out_dir / "config.json").exists():
         raise ValueError(f"{str(out_dir)!r} already holds a run; pass --resume {out_dir} or another --out")
     main_rank, world_size = data_parallel.is_main, data_parallel.world_size
-    continue_with = (f"torchrun --nproc_per_node {world_size} -m cl_streamkl run --resume {out_dir}" if world_size > 1
-                     else f"cl-streamkl run --resume {out_dir}")
+    continue_with = _continue_with(out_dir, world_size)
     if main_rank:
         processes = f", {world_size} processes" if world_size > 1 else ""
         print(f"cl-streamkl run: {config.dataset} ({config.scenario}-incremental), {config.model} "
@@ -311,10 +332,12 @@ def _run_processes(args: argparse.Namespace, config: ExperimentConfig, resume: b
         tqdm.write(f"cl-streamkl: warning: {message}", file=sys.stderr)
 
     try:
-        results = run_experiment(
-            config, out_dir, resume=resume, show_progress=main_rank and not args.no_progress,
-            log=tqdm.write if main_rank else None, warn=warn if main_rank else None,
-            splits=splits, loggers=args.log, data_parallel=data_parallel)
+        # DistributedDataParallel's steps reduce gradients inside the training loop.
+        with data_parallel.peers_checked("training"):
+            results = run_experiment(
+                config, out_dir, resume=resume, show_progress=main_rank and not args.no_progress,
+                log=tqdm.write if main_rank else None, warn=warn if main_rank else None,
+                splits=splits, loggers=args.log, data_parallel=data_parallel)
         if not main_rank:
             return 0
         summary = summarize(results)
@@ -347,7 +370,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     Returns:
         Exit status: 0 on success; 1 when a file cannot be written (read-only folder, full
-        disk); 2 for invalid arguments, data, configuration or checkpoints; 130 when
+        disk); 2 for invalid arguments, data, configuration or checkpoints; 3 when another
+        process of a data-parallel run is lost (died, hung past ``--dist-timeout``); 130 when
         interrupted. Errors are one line on stderr.
     """
     quiet_third_party_warnings()
@@ -370,6 +394,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         _error(err)
         return 2
+    except LostPeerError as err:
+        _error(err)
+        return LOST_PEER_STATUS
     except (OutputWriteError, OSError) as err:
         _error(err)
         return 1

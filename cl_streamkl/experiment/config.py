@@ -27,8 +27,9 @@ DEFAULT_MODEL = "vit_tiny_patch16_224"
 # A 4-block, 64-wide ViT; with 32 px images and 8 px patches (16 tokens, each 2×2 digit pixels)
 # it learns each Split-Digits experience in a few seconds on two CPU cores.
 DEFAULT_MODEL_KWARGS: dict[str, Any] = {"depth": 4, "embed_dim": 64, "num_heads": 2}
+# cluttered-mnist: the default canvas's side (ClutterOptions), every pixel kept.
 DEFAULT_IMAGE_SIZE = {"digits": 32, "mnist5k": 32, "cifar10": 32, "cifar100": 32, "tiny-imagenet": 64,
-                      "imagefolder": 64}
+                      "imagefolder": 64, "cluttered-mnist": 128}
 # Fields that do not change what one (strategy, seed) run computes: where files live, and
 # which other runs the experiment holds. A checkpoint's fingerprint leaves them out.
 FINGERPRINT_EXCLUDED = ("out", "data_root", "download", "strategies", "seeds")

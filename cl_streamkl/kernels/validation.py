@@ -188,6 +188,49 @@ def check_inputs(
     )
 
 
+def check_pooled_inputs(q: torch.Tensor, k: torch.Tensor, scale: float | None, squared: object) -> float:
+    """Validate the inputs of the pooled attention vectors; return the softmax scale.
+
+    Args:
+        q: queries, (B, H, Nq, D).
+        k: keys, (B, H, Nk, D), same dtype (float32, float16 or bfloat16) and device as ``q``.
+        scale: softmax scale, > 0; None for D**-0.5.
+        squared: whether the probabilities are squared before pooling (a bool).
+
+    Returns:
+        The scale to use.
+
+    Raises:
+        TypeError: a tensor argument is not a tensor or has an unsupported or differing
+            dtype, ``scale`` is not a number or ``squared`` not a bool.
+        ValueError: shapes, devices, strides or the scale do not fit.
+    """
+    for name, tensor in (("q", q), ("k", k)):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.dim() != 4:
+            raise ValueError(f"{name} must have 4 dimensions (B, H, N, D), got shape {tuple(tensor.shape)}")
+        if tensor.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} must be float32, float16 or bfloat16, got {tensor.dtype}")
+        if tensor.numel() == 0:
+            raise ValueError(f"{name} must not be empty, got shape {tuple(tensor.shape)}")
+        if tensor.stride(-1) != 1 and tensor.size(-1) != 1:
+            raise ValueError(f"{name} must have a unit stride in its last (head) dimension, got strides "
+                             f"{tensor.stride()}; call .contiguous() on it")
+    if k.dtype != q.dtype:
+        raise TypeError(f"k has dtype {k.dtype} but q has {q.dtype}; both must match")
+    if k.device != q.device:
+        raise ValueError(f"k is on {k.device} but q is on {q.device}; both must match")
+    if k.shape[:2] != q.shape[:2] or k.size(-1) != q.size(-1):
+        raise ValueError(f"k has shape {tuple(k.shape)} but q has {tuple(q.shape)}: B, H and D must match")
+    if q.size(-1) > MAX_HEAD_DIM:
+        raise ValueError(f"q head dim must be at most {MAX_HEAD_DIM}, got {q.size(-1)}")
+    if not isinstance(squared, bool):
+        raise TypeError(f"squared must be a bool, got {type(squared).__name__}")
+    value = q.size(-1) ** -0.5 if scale is None else _check_positive_number("scale", scale)
+    return _check_effective_scale("scale", value, 1.0)
+
+
 def _check_effective_scale(name: str, scale: float, temperature: float) -> float:
     effective = scale / temperature
     if not effective <= MAX_EFFECTIVE_SCALE:

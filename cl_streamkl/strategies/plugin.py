@@ -230,22 +230,26 @@ class PADPlugin(AttentionDistillationPlugin, supports_distributed=True):
     """Pooled attention distillation (Pelosin et al. 2022), the published variant StreamKL is compared with.
 
     The penalty is ``alpha ×`` the mean over the selected blocks of
-    :func:`~cl_streamkl.strategies.pooled_attention.pooled_attention_distance`, which
-    materialises every attention map: short token counts only.
+    :func:`~cl_streamkl.strategies.pooled_attention.pooled_attention_distance`.
 
     Args:
         alpha: penalty weight, >= 0.
         layers: ``"all"``, an int n (the last n blocks) or a list of block indices.
         compile_teacher: as for :class:`StreamKLPlugin`.
+        streaming: True: pool the attention without materialising the maps; False:
+            materialise them; "auto" (default): stream when a map would hold more than
+            :data:`~cl_streamkl.strategies.pooled_attention.STREAMING_THRESHOLD` entries.
     """
 
     state_format = "cl_streamkl.PADPlugin/2"
     previous_state_format = "cl_streamkl.PADPlugin/1"
 
     def __init__(self, alpha: float = 1.0, layers: LayerSpec = "all",
-                 compile_teacher: bool | Mapping[str, Any] = False) -> None:
-        super().__init__(PooledAttentionDistiller(alpha=alpha, layers=layers, compile_teacher=compile_teacher))
+                 compile_teacher: bool | Mapping[str, Any] = False, streaming: bool | str = "auto") -> None:
+        super().__init__(PooledAttentionDistiller(alpha=alpha, layers=layers, compile_teacher=compile_teacher,
+                                                  streaming=streaming))
 
     def __repr__(self) -> str:
         d = self.distiller
-        return f"PADPlugin(alpha={d.alpha}, layers={d.layers!r}, compile_teacher={d.compile_options is not None})"
+        return (f"PADPlugin(alpha={d.alpha}, layers={d.layers!r}, compile_teacher={d.compile_options is not None}, "
+                f"streaming={d.streaming!r})")

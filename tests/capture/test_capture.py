@@ -259,7 +259,7 @@ def test_user_registration_of_a_timm_class_is_not_overridden(isolated_registry) 
         return []
 
     register_qk_extractor(attention_cls, custom)
-    extractors._ensure_timm_defaults()
+    extractors._ensure_defaults()
     assert extractors.qk_extractor_for(tiny_vit().blocks[0].attn) is custom
 
 
@@ -305,7 +305,7 @@ class Blocks(nn.Module):
 @pytest.fixture
 def isolated_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     """Registrations made by a test vanish afterwards; timm's defaults stay."""
-    extractors._ensure_timm_defaults()
+    extractors._ensure_defaults()
     monkeypatch.setattr(extractors, "_EXTRACTORS", dict(extractors._EXTRACTORS))
 
 
@@ -356,6 +356,39 @@ def test_unreadable_forward_fails_loudly(isolated_registry) -> None:
                 model(torch.randn(1, 4, 16))
         assert count_hooks(model) == 0
         assert torch._C._len_torch_function_stack() == 0
+
+
+class MaskedCall(nn.Module):
+    """Runs timm attention blocks with a mask or ``is_causal``, as a causal or padded model would."""
+
+    def __init__(self, arch: str, mask: str) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(*(block.attn for block in MODELS[arch]().blocks[:2]))
+        self.mask = mask
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[1]
+        for attn in self.blocks:
+            if self.mask == "causal":
+                x = attn(x, is_causal=True)
+            else:
+                bool_mask = torch.ones(n, n, dtype=torch.bool).tril()
+                x = attn(x, attn_mask=bool_mask if self.mask == "bool" else torch.randn(n, n))
+        return x
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["manual", "fused"])
+@pytest.mark.parametrize("mask", ["causal", "bool", "additive"])
+@pytest.mark.parametrize("arch", ["vit", "eva"])
+def test_masked_attention_is_refused(arch: str, mask: str, fused: bool) -> None:
+    model = MaskedCall(arch, mask)
+    for attn in model.blocks:
+        attn.fused_attn = fused
+    expected = "passes an attention mask" if fused else "pass through .*add.* before the softmax"
+    with pytest.raises(RuntimeError, match=f"{type(model.blocks[0]).__name__}: .*{expected}"):
+        with QKCapture(model):
+            model(torch.randn(2, 5, 64))
+    assert count_hooks(model) == 0 and torch._C._len_torch_function_stack() == 0
 
 
 def test_nested_captures_see_the_same_tensors() -> None:

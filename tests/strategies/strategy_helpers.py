@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import timm
 import torch
+import torchvision
 from avalanche.benchmarks import tensors_benchmark
 from avalanche.training import Naive, Replay
 from avalanche.training.plugins import EvaluationPlugin, EWCPlugin, LwFPlugin
@@ -19,7 +20,12 @@ IMAGE = (3, 32, 32)
 
 
 def tiny_model(arch: str = "vit", depth: int = 2, seed: int = 0) -> nn.Module:
+    """A tiny timm ViT (``"vit"``), EVA-02 (``"eva"``) or torchvision ViT (``"torchvision"``), 4 classes."""
     torch.manual_seed(seed)
+    if arch == "torchvision":
+        return torchvision.models.VisionTransformer(
+            image_size=32, patch_size=8, num_layers=depth, num_heads=2, hidden_dim=16, mlp_dim=32, num_classes=4
+        )
     name = "vit_tiny_patch16_224" if arch == "vit" else "eva02_tiny_patch14_224"
     return timm.create_model(
         name, pretrained=False, img_size=32, patch_size=8, num_classes=4, depth=depth, embed_dim=64, num_heads=2

@@ -9,6 +9,8 @@ import pytest
 import torch
 from torch import nn
 
+from cl_streamkl.strategies import PADPlugin, PooledAttentionDistiller
+from cl_streamkl.strategies import pooled_attention as pad_module
 from cl_streamkl.strategies.pooled_attention import pooled_attention_distance
 from cl_streamkl.strategies.weight_aligning import WeightAlignPlugin, align_weights
 
@@ -76,19 +78,56 @@ def _pad_reference(q, k, q_t, k_t) -> float:
     return float(np.mean(distances))
 
 
+@pytest.mark.parametrize("streaming", [False, True], ids=["materialised", "streamed"])
 @pytest.mark.parametrize("n, d", [(1, 8), (17, 32), (5, 16)])
-def test_pad_matches_a_materialised_float64_reference(n, d):
+def test_pad_matches_a_materialised_float64_reference(n, d, streaming):
     torch.manual_seed(n)
     q, k = torch.randn(2, 3, n, d, requires_grad=True), torch.randn(2, 3, n, d, requires_grad=True)
     q_t, k_t = torch.randn(2, 3, n, d), torch.randn(2, 3, n, d)
-    value = pooled_attention_distance(q, k, q_t, k_t)
+    value = pooled_attention_distance(q, k, q_t, k_t, streaming=streaming)
     expected = _pad_reference(*(t.detach().double().numpy() for t in (q, k, q_t, k_t)))
     assert value.dtype == torch.float32
     assert float(value) == pytest.approx(expected, rel=1e-4, abs=1e-6)
     value.backward()
     if n > 1:
         assert torch.isfinite(q.grad).all() and q.grad.abs().sum() > 0
-    assert float(pooled_attention_distance(q_t, k_t, q_t, k_t)) == pytest.approx(0.0, abs=1e-6)
+    assert float(pooled_attention_distance(q_t, k_t, q_t, k_t, streaming=streaming)) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_streamed_pad_has_the_materialised_gradients():
+    torch.manual_seed(7)
+    q, k = torch.randn(2, 3, 19, 16, requires_grad=True), torch.randn(2, 3, 23, 16, requires_grad=True)
+    q_t, k_t = torch.randn(2, 3, 19, 16), torch.randn(2, 3, 23, 16)
+    values, grads = [], []
+    for streaming in (False, True):
+        value = pooled_attention_distance(q, k, q_t, k_t, scale=0.3, streaming=streaming) * 2.5
+        values.append(value)
+        grads.append(torch.autograd.grad(value, (q, k)))
+    torch.testing.assert_close(values[1], values[0])
+    for streamed, materialised in zip(grads[1], grads[0]):
+        torch.testing.assert_close(streamed, materialised, rtol=1e-4, atol=1e-7)
+
+
+def test_auto_streams_past_the_threshold(monkeypatch):
+    calls, streamed = [], pad_module.pooled_attention
+    monkeypatch.setattr(pad_module, "pooled_attention", lambda *args, **kwargs: calls.append(1) or
+                        streamed(*args, **kwargs))
+    q = torch.randn(2, 3, 8, 4)
+    pooled_attention_distance(q, q, q, q)
+    assert calls == []  # 2·3·8·8 entries per map
+    monkeypatch.setattr(pad_module, "STREAMING_THRESHOLD", 2 * 3 * 8 * 8 - 1)
+    pooled_attention_distance(q, q, q, q)
+    assert calls == [1, 1]  # the student's and the teacher's
+
+
+def test_streaming_option_of_the_distiller_and_the_plugin():
+    assert PooledAttentionDistiller().streaming == "auto"
+    distiller = PooledAttentionDistiller(streaming=True)
+    assert "streaming=True" in repr(distiller) and "streaming" not in distiller.state_dict()["config"]
+    assert "streaming=False" in repr(PADPlugin(streaming=False))
+    for make in (PooledAttentionDistiller, PADPlugin):
+        with pytest.raises(ValueError, match="streaming must be True, False or 'auto', got 'yes'"):
+            make(streaming="yes")
 
 
 def test_pad_errors():
@@ -97,3 +136,5 @@ def test_pad_errors():
         pooled_attention_distance(q[0], q, q, q)
     with pytest.raises(ValueError, match="share batch, heads and lengths"):
         pooled_attention_distance(q, q, torch.randn(1, 2, 5, 8), q)
+    with pytest.raises(ValueError, match="streaming must be"):
+        pooled_attention_distance(q, q, q, q, streaming=1)

@@ -154,6 +154,20 @@ def test_plugin_in_avalanche_strategies(kind: str) -> None:
     pickle.loads(pickle.dumps(model))
 
 
+def test_plugin_distils_a_torchvision_vit() -> None:
+    model = tiny_model("torchvision")
+    plugin = StreamKLPlugin(alpha=2.0, backend="torch")
+    probe = Probe(plugin, 2.0)
+    strategy = make_strategy("naive", model, [plugin, probe])
+    for experience in tensor_benchmark(experiences=2).train_stream:
+        strategy.train(experience, num_workers=0)
+        assert count_hooks(model) == 0
+    later = [(p, r) for exp, p, r in probe.records if exp > 0]
+    assert len(later) == 2 and later[1][0] > 1e-7
+    for penalty, reference in later:
+        assert penalty == pytest.approx(reference, rel=1e-4, abs=1e-6)
+
+
 def test_penalty_reaches_every_logger(tmp_path, capsys) -> None:
     model = tiny_model()
     plugin = StreamKLPlugin(alpha=1.0, backend="torch")

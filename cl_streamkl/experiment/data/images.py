@@ -31,6 +31,23 @@ def _resize_and_normalise(image: torch.Tensor, image_size: int) -> torch.Tensor:
     return (image - 0.5) / 0.5
 
 
+def resize_to_uint8(images: torch.Tensor, image_size: int) -> torch.Tensor:
+    """Resize every image once, for a :class:`TensorImages` that then serves them as stored.
+
+    Stored as uint8, a quarter of float32's memory (5,000 images at 128 px are 82 MB).
+
+    Args:
+        images: (N, C, H, W) float in [0, 1].
+        image_size: side S of the result.
+
+    Returns:
+        (N, C, S, S) uint8 in [0, 255]; bilinear, antialiased when shrinking.
+    """
+    resized = F.interpolate(images, size=(image_size, image_size), mode="bilinear", align_corners=False,
+                            antialias=image_size < images.shape[-1])
+    return (resized.clamp_(0.0, 1.0) * 255.0).round_().to(torch.uint8)
+
+
 class TensorImages(Dataset):
     """Images held in one uint8 or float array.
 

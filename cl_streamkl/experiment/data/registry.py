@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cl_streamkl.experiment.data.names import DATASETS
+from cl_streamkl.experiment.data.names import DATASETS, ClutterOptions
 
 if TYPE_CHECKING:
     from cl_streamkl.experiment.data.stream import ExperienceStream, LabeledSplits
@@ -22,25 +22,36 @@ def load_splits(
     download: bool = False,
     in_chans: int | None = None,
     split_seed: int = 0,
+    clutter: ClutterOptions | None = None,
 ) -> LabeledSplits:
     """Load a dataset's whole train and test sets by name.
 
     Args:
         name: one of :data:`DATASETS`.
         data_root: where the files live; required for every dataset except the bundled
-            ``digits`` and ``mnist5k``.
+            ``digits`` and ``mnist5k`` and the generated ``cluttered-mnist`` (whose cache
+            it holds when given).
         image_size: side length of the images the loaders return.
         download: allow fetching CIFAR / Tiny-ImageNet into ``data_root`` when missing.
         in_chans: channels for ``imagefolder`` (default 3); other datasets have fixed channels.
         split_seed: seeds the train/test split of datasets that ship without one.
+        clutter: canvas and clutter of ``cluttered-mnist`` (default: ``ClutterOptions()``).
 
     Raises:
-        ValueError: unknown name, missing ``data_root``, or a loader's format error.
+        ValueError: unknown name, missing ``data_root``, options of another dataset, or a
+            loader's format error.
     """
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; choose from {', '.join(DATASETS)}")
     if in_chans is not None and name != "imagefolder":
         raise ValueError(f"in_chans can only be chosen for 'imagefolder'; {name!r} has fixed channels")
+    if clutter is not None and name != "cluttered-mnist":
+        raise ValueError(f"canvas and clutter options are for 'cluttered-mnist'; {name!r} is not generated")
+    if name == "cluttered-mnist":
+        from cl_streamkl.experiment.data.cluttered import load_cluttered_mnist
+
+        return load_cluttered_mnist(image_size=image_size, options=clutter or ClutterOptions(),
+                                    split_seed=split_seed, cache_dir=data_root)
     if name in ("digits", "mnist5k"):
         from cl_streamkl.experiment.data.bundled import load_digits, load_mnist5k
 

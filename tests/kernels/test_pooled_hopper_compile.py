@@ -1,0 +1,124 @@
+"""The pooled-attention kernels compile for an H100/H200 (sm_90) without a GPU.
+
+As ``test_hopper_compile.py`` does for the StreamKL kernels: the interpreter that the other tests
+use never runs Triton's compiler, so each kernel is compiled here for sm_90 in a fresh process,
+at the tiles the launchers pick on a GPU (:func:`~cl_streamkl.kernels.triton.pooled_ops.pooled_tiles`),
+both variants, bf16 at head dim 64 and float32 at head dim 80. Arguments are specialised as on
+timm's q/k views (addresses and strides divisible by 16), and the bf16 kernels must load their
+tiles with 16-byte asynchronous copies.
+
+Run directly (``python tests/kernels/test_pooled_hopper_compile.py``) it prints one line per kernel.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+KERNELS = ("rows", "keys", "backward_dq", "backward_dk")
+
+
+class Case(NamedTuple):
+    kernel: str  # a key of pooled_ops.POOLED_LAUNCHERS
+    squared: bool
+    dtype: str = "bf16"  # or "fp32"
+
+    def label(self) -> str:
+        return f"{self.kernel} {'squared' if self.squared else 'plain'} {self.dtype}"
+
+
+CASES = [Case(kernel, squared) for kernel in KERNELS for squared in (True, False)] + [
+    Case(kernel, True, "fp32") for kernel in KERNELS
+]
+
+
+def compile_for_hopper(case: Case):
+    """Compile one kernel for sm_90; raises on a compile error."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from cl_streamkl.kernels.triton.pooled_ops import POOLED_LAUNCHERS, pooled_tiles
+
+    kernel = POOLED_LAUNCHERS[case.kernel].untuned
+    head_dim, element_size = (64, 2) if case.dtype == "bf16" else (80, 4)
+    tiles = pooled_tiles(case.kernel, head_dim, element_size)
+    constants = {
+        "SQUARED": case.squared,
+        "DOT_PRECISION": "tf32" if case.dtype == "bf16" else "ieee",
+        "BLOCK_M": tiles["BLOCK_M"],
+        "BLOCK_N": tiles["BLOCK_N"],
+        "BLOCK_D": 64 if head_dim == 64 else 128,
+    }
+    # Integers Triton would not see as divisible by 16 at 4x12x4097x64; a dense upstream gradient's row stride is 1.
+    odd_integers = {"num_heads", "n_q", "n_k", "stride_gkn", "stride_grn"}
+    signature, attrs = {}, {}
+    for index, arg in enumerate(kernel.arg_names):
+        if arg in constants:
+            signature[arg] = "constexpr"
+            continue
+        if arg in ("Q", "K", "DQ", "DK"):
+            signature[arg] = f"*{case.dtype}"
+        elif arg.isupper():
+            signature[arg] = "*fp32"
+        elif arg.startswith("scale"):
+            signature[arg] = "fp32"
+            continue
+        else:
+            signature[arg] = "i32"
+            if arg in odd_integers:
+                continue
+        attrs[(index,)] = [["tt.divisibility", 16]]
+    source = ASTSource(
+        fn=kernel,
+        signature=signature,
+        constexprs={(kernel.arg_names.index(arg),): value for arg, value in constants.items()},
+        attrs=attrs,
+    )
+    options = {"num_warps": tiles["num_warps"], "num_stages": tiles["num_stages"]}
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def copies16(ptx: str) -> int:
+    """16-byte asynchronous global-to-shared copies in a kernel's PTX."""
+    return len(re.findall(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10\b", ptx))
+
+
+def main() -> int:
+    failures = 0
+    for case in CASES:
+        try:
+            print(f"ok   {case.label()} | copy16={copies16(compile_for_hopper(case).asm['ptx'])}", flush=True)
+        except Exception as error:  # report every kernel, then fail
+            failures += 1
+            print(f"FAIL {case.label()}: {type(error).__name__}: {error}", flush=True)
+    return 1 if failures else 0
+
+
+def test_pooled_kernels_compile_for_sm90():
+    pytest.importorskip("triton.backends.nvidia", reason="this Triton has no NVIDIA backend")
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    result = subprocess.run(
+        [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=1200, cwd=REPO
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    copies = {}
+    for line in result.stdout.splitlines():
+        label, _, value = line.removeprefix("ok   ").partition(" | copy16=")
+        copies[label] = int(value)
+    assert set(copies) == {case.label() for case in CASES}
+    for case in CASES:
+        if case.dtype == "bf16":
+            assert copies[case.label()] > 0, f"{case.label()}: tiles are not loaded with 16-byte copies"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
