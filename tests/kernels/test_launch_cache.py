@@ -313,7 +313,7 @@ def test_autotuned_kernels_keep_results_on_disk_and_time_gpu_only(monkeypatch):
 
 
 @pytest.mark.parametrize("tokens, kind, expected", [
-    (197, "fwd", (64, 64, 4, 2)), (197, "dq", (32, 64, 4, 2)), (197, "dk", (128, 64, 4, 2)),
+    (197, "fwd", (64, 32, 4, 2)), (197, "dq", (64, 32, 4, 3)), (197, "dk", (64, 64, 4, 2)),
     (577, "fwd", (64, 32, 4, 2)), (1025, "dq", (64, 32, 4, 3)), (1025, "dk", (128, 64, 4, 2)),
 ])
 def test_grouped_kernels_run_fixed_tiles_per_length_bucket(monkeypatch, tokens, kind, expected):

@@ -139,9 +139,10 @@ def launch_options(kind: str, d_s: int, d_t: int, dtype: torch.dtype) -> dict:
 # length bucket, (BLOCK_M, BLOCK_N, warps, stages) for the forward, the dq and the dk kernel,
 # not the autotuner's: its candidates are timed with their inputs warm in the L2 cache, which
 # 12 blocks' inputs are not (at 16x12x1025x64 its grouped forward ran slower than 12 separate
-# calls). Measured on the H200 (docs/tuning-log.md, "Tiles per length bucket").
+# calls). Each is the fastest of a sweep of 12 blocks on the H200 at 197, 577 and 1025 tokens
+# (docs/tuning-log.md, "Grouped kernels: tiles per length bucket").
 GROUPED_TILES: dict[int, dict[str, tuple[int, int, int, int]]] = {
-    256: {"fwd": (64, 64, 4, 2), "dq": (32, 64, 4, 2), "dk": (128, 64, 4, 2)},
+    256: {"fwd": (64, 32, 4, 2), "dq": (64, 32, 4, 3), "dk": (64, 64, 4, 2)},
     SHORT_SEQUENCE_BUCKET: {"fwd": (64, 32, 4, 2), "dq": (64, 32, 4, 3), "dk": (128, 64, 4, 2)},
 }
 
