@@ -19,7 +19,8 @@ Three parts, in this order:
 
 The tables of (b) and (c) come last; --json writes everything. Autotuning is off unless
 --autotune: kernel_options' autotune=False gives every implementation and variant the fixed heuristic
-tiles (forward 128x64, backward 64x64 at bf16), so the ~40 kernel variants compile once each
+tiles (forward 128x64, backward 64x64 at bf16; the grouped kernels at ViT lengths run their
+per-bucket tiles, tuning.GROUPED_TILES, either way), so the ~40 kernel variants compile once each
 and the run stays within about 4 minutes on an H200; with --autotune the first run compiles
 every candidate tile of every variant (many minutes).
 

@@ -10,9 +10,10 @@ Seven options change how the Triton kernels run, never what they compute beyond 
   this says: timing it is meaningless.
 * ``backward`` (default ``"split"``): ``"split"`` runs a query-side and a key-side kernel, each
   recomputing the score tiles, with no atomics; ``"onepass"`` runs the key-side kernel alone,
-  adding dq up in float32 with atomics (half the exponentials and products per score, 4 B·D
-  more memory per query row, summation order not fixed). Measured slower than the split
-  kernels on the H200 from 2048 tokens up (docs/tuning-log.md), so it is opt-in.
+  adding dq up in float32 with atomics (half the exponentials and products per score, 4·D bytes
+  more memory per query row, summation order not fixed). On the H200 it was 5–6 % faster at
+  head dim 64 without a mask from 4096 tokens up and slower causal, at head dim 128 and at ViT
+  lengths (docs/tuning-log.md), so it is opt-in.
 * ``deterministic`` (default off): on, the split kernels run whatever ``backward`` says, so
   gradients are bit-for-bit reproducible.
 * ``fast_launch`` (default on): replay compiled kernels without Triton's per-launch binder

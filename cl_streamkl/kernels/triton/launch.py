@@ -137,7 +137,7 @@ def _backward_constants(
     options = get_kernel_options()
     uniform_rows = grad_rows.stride(-1) == 0 or grad_rows.size(-1) == 1
     common = dict(CAUSAL=causal, TEACHER_GRAD=teacher_grad, DOT_PRECISION=_dot_precision(dtype))
-    tail = dict(**exp2_constants(options, backward=True, dtype=dtype))
+    tail = exp2_constants(options, backward=True, dtype=dtype)
     dims = dict(BLOCK_DS=block_dim(d_s), BLOCK_DT=block_dim(d_t))
     return (
         {**common, "GRAD_AFTER_DOT": options.grad_after_dot, **tail, **dims},
@@ -214,7 +214,7 @@ def launch_backward(grad_rows: torch.Tensor, saved: BackwardInputs) -> list[torc
     Each recomputes both probability tiles; neither uses atomics, so the gradients are
     deterministic. With ``kernel_options(backward="onepass")`` (and not ``deterministic``) the
     key-side kernel alone runs and also adds dq up in float32 with atomics (docs/tuning-log.md
-    has its timings): 4 B·D per query row more memory, a non-deterministic summation order.
+    has its timings): 4·D bytes per query row more memory, a summation order that varies.
 
     Args:
         grad_rows: upstream gradient of the per-row KL, (B, H, Nq), any strides.
