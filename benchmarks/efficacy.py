@@ -2,27 +2,30 @@
 
 For each scenario (class-, task- and domain-incremental) the study
 
-1. tunes StreamKL's hyper-parameters on the validation split: every setting of a small
-   grid (alpha, layers, temperature) trains ``streamkl`` and ``lwf+streamkl`` on the
-   sweep seeds, and the setting with the highest mean validation accuracy of the two
-   wins (ties: the first in grid order);
-2. runs every strategy of the scenario once on the test split with that setting, over
-   the test seeds (a seed fixes class or domain order and initialisation), and reports
-   mean ± std per strategy and, for every strategy holding ``streamkl`` or ``pad``, the
-   paired difference to the same strategy without it (95 % t-interval over seeds).
+1. writes its plan (regime, seeds, every method's validation grid, the strategies to test)
+   to ``--out/plan.json`` and to the ``--json`` report before anything runs; a later start
+   with another plan stops with one line;
+2. tunes every method family on the validation split with the same number of settings
+   (LwF alpha and T, EWC lambda, PAD weight, StreamKL alpha, T and layers, replay's batch
+   share at a fixed memory), each on at least two validation seeds (``--part tune``);
+3. runs every strategy on the test seeds with each component's chosen setting
+   (``--part test``), and reports per-seed values, accuracy matrices, mean ± std, and
+   paired differences with raw 95 % t-intervals and Holm-adjusted p-values.
 
-Two regimes: ``short`` (32 px images, 8 px patches: 17 tokens; the CPU can run it) and
-``long`` (128 px, 4 px patches: 1025 tokens, on a GPU with bf16 autocast). Each
-(scenario, strategy, seed) run is one task for a pool of worker processes; on one GPU the
-workers share the device (a tiny ViT leaves it mostly idle). Finished runs are kept
-under ``--out`` and skipped when the command is started again, so an interrupted study
-resumes. The tables go to ``--json`` (committed under ``benchmarks/results/``) and are
-printed as Markdown last.
+Regimes: ``short`` (32 px mnist5k, 8 px patches: 17 tokens, on a CPU), ``long`` (cluttered
+MNIST on a 128 px canvas, 4 px patches: 1025 tokens, early convolutions) and ``long4097``
+(256 px canvas: 4097 tokens). Each (scenario, strategy, seed, setting) run is one unit for a
+pool of worker processes. Finished units are kept under ``--out`` and skipped when the
+command starts again; ``--max-units`` and ``--time-limit`` end a start cleanly (a unit
+stopped between experiences resumes from its checkpoint), and ``--archive`` /
+``--from-archive`` carry the folder between machines.
 
 Run from the repository root with the package installed::
 
-    python benchmarks/efficacy.py --regime short --device cpu --workers 2
-    python benchmarks/efficacy.py --regime long --device cuda --workers 14
+    python benchmarks/efficacy.py --regime short --device cpu --workers 2 --json benchmarks/results/efficacy-short.json
+    python benchmarks/efficacy.py --regime long --part tune --scenarios task --device cuda --workers 15 \\
+        --time-limit 8 --json benchmarks/results/efficacy-long.json
+    python benchmarks/efficacy.py --tables benchmarks/results/efficacy-short.json
 """
 
 from __future__ import annotations
@@ -30,92 +33,37 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
-import functools
+import io
 import json
 import multiprocessing
 import os
+import shutil
 import sys
+import tarfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from _harness.efficacy_tables import SCENARIOS, side_by_side
+from _harness.efficacy_plan import (
+    DEFAULT_SEEDS, PARTS, REGIMES, SCENARIOS, SETTINGS_PER_METHOD, TESTED, Unit, choose, fingerprint, make_plan,
+    test_units, tuning_units,
+)
+from _harness.efficacy_report import build_report, tuning_scores
+from _harness.efficacy_tables import side_by_side
 from _harness.report import add_json_flag, write_json
+from cl_streamkl.experiment.config import ExperimentConfig
 
-SWEEP_STRATEGIES = ("streamkl", "lwf+streamkl")
-SWEEP_BASELINES = ("naive", "lwf")
-# (alpha, layers, temperature); the first is the CLI's default.
-# The long regime's grid leaves out the last-block setting for want of GPU time.
-SWEEP_GRIDS = {
-    "short": ((10.0, "all", 0.5), (1.0, "all", 1.0), (100.0, "all", 1.0), (1.0, 1, 1.0)),
-    "long": ((10.0, "all", 0.5), (1.0, "all", 1.0), (100.0, "all", 1.0)),
-}
-REGIMES: dict[str, dict[str, Any]] = {
-    "short": {"dataset": "mnist5k", "image_size": 32, "patch_size": 8, "epochs": 10, "batch_size": 32,
-              "amp": "none"},
-    "long": {"dataset": "mnist5k", "image_size": 128, "patch_size": 4, "epochs": 10, "batch_size": 32,
-             "amp": "bf16"},
-}
-# Class and task: 6 classes first (the teacher's attention has seen more than two), then 2 + 2.
-# Domain: four rotations 45 degrees apart, every class in each.
-SCENARIO_OPTIONS: dict[str, dict[str, Any]] = {
-    "class": {"n_experiences": 3, "first_experience_classes": 6},
-    "task": {"n_experiences": 3, "first_experience_classes": 6},
-    "domain": {"n_experiences": 4, "domain_shift": "rotate", "rotation_step": 45.0},
-}
-STRATEGIES: dict[str, dict[str, tuple[str, ...]]] = {
-    "short": {
-        "class": ("naive", "streamkl", "pad", "lwf", "lwf+streamkl", "lwf+pad", "wa", "wa+streamkl",
-                  "replay", "replay+streamkl", "ewc", "ewc+streamkl"),
-        "task": ("naive", "streamkl", "pad", "lwf", "lwf+streamkl", "lwf+pad", "replay", "replay+streamkl",
-                 "ewc", "ewc+streamkl"),
-        "domain": ("naive", "streamkl", "pad", "lwf", "lwf+streamkl", "lwf+pad", "replay", "replay+streamkl",
-                   "ewc", "ewc+streamkl"),
-    },
-    # PAD materialises (B, H, N, N) attention maps: short token counts only.
-    "long": {
-        "class": ("naive", "streamkl", "lwf", "lwf+streamkl", "wa", "wa+streamkl", "replay", "replay+streamkl"),
-        "task": ("naive", "streamkl", "lwf", "lwf+streamkl"),
-        "domain": ("naive", "streamkl", "lwf", "lwf+streamkl"),
-    },
-}
+# Seconds of the last experience a worker trained: a unit does not start, and a running
+# one stops after an experience, when another such experience would pass the deadline.
+_last_experience_s = 0.0
+_splits_cache: dict[str, Any] = {}
+# A part of an archive stays below what a machine returns per file (16 MiB).
+ARCHIVE_PART_BYTES = 15 * 2**20
 
 
-@dataclasses.dataclass(frozen=True)
-class Unit:
-    """One run: a strategy on one seed of one scenario, with one StreamKL setting."""
-
-    phase: str
-    scenario: str
-    strategy: str
-    seed: int
-    setting: tuple[float, str | int, float]
-
-    @property
-    def name(self) -> str:
-        alpha, layers, temperature = self.setting
-        return (f"{self.phase}-{self.scenario}-{self.strategy}-seed{self.seed}"
-                f"-a{alpha:g}-l{layers}-t{temperature:g}")
-
-
-def unit_config(unit: Unit, regime: str, device: str, out: Path) -> Any:
-    from cl_streamkl.experiment.config import ExperimentConfig
-
-    alpha, layers, temperature = unit.setting
-    return ExperimentConfig(
-        **REGIMES[regime], **SCENARIO_OPTIONS[unit.scenario], scenario=unit.scenario,
-        strategies=[unit.strategy], seeds=[unit.seed], eval_split="val" if unit.phase == "sweep" else "test",
-        alpha=alpha, layers=layers, temperature=temperature, device=device, out=str(out),
-    ).resolved()
-
-
-@functools.lru_cache(maxsize=None)
-def _splits(dataset: str, image_size: int, split_seed: int) -> Any:
-    """Each worker loads (and resizes) a dataset once for all its units."""
-    from cl_streamkl.experiment.data import load_splits
-
-    return load_splits(dataset, data_root=None, image_size=image_size, split_seed=split_seed)
+class _OutOfTime(Exception):
+    """Raised after a checkpointed experience when the next one would pass the deadline."""
 
 
 def _init_worker(threads: int, gpus: int, counter: Any) -> None:
@@ -133,21 +81,57 @@ def _init_worker(threads: int, gpus: int, counter: Any) -> None:
     warnings.filterwarnings("ignore")
 
 
-def run_unit(unit: Unit, regime: str, device: str, root: str) -> dict[str, Any]:
-    """Train one unit (or read it back when done) and return its RunResult as a dict."""
+def load_data(unit: Unit, plan: dict[str, Any], config: Any = None) -> Any:
+    """The regime's data, checked and loaded (or generated and cached) once per process.
+
+    Args:
+        unit, plan: a unit of the plan (its regime's data serves every unit).
+        config: the unit's resolved configuration (default: built here, on the CPU).
+    """
+    from cl_streamkl.experiment.preflight import check_experiment
+
+    key = json.dumps(plan["settings"], sort_keys=True)
+    if key not in _splits_cache:
+        _splits_cache[key] = check_experiment(
+            config or ExperimentConfig(**unit.config_fields(plan), device="cpu").resolved())
+    return _splits_cache[key]
+
+
+def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline: float | None
+             ) -> dict[str, Any] | None:
+    """Train one unit and return its record (read back when done); None when stopped by the deadline."""
     from cl_streamkl.experiment.runner import run_experiment
 
     record = Path(root) / "units" / f"{unit.name}.json"
     if record.is_file():
         return json.loads(record.read_text())
+    if deadline is not None and time.time() + _last_experience_s > deadline:
+        return None
     out = Path(root) / "runs" / unit.name
-    start = time.perf_counter()
-    config = unit_config(unit, regime, device, out)
-    splits = _splits(config.dataset, config.image_size, config.split_seed)
-    result = run_experiment(config, out, resume=out.exists(), show_progress=False, splits=splits)[0]
-    payload = {**dataclasses.asdict(result), "process_s": time.perf_counter() - start}
+    config = ExperimentConfig(**unit.config_fields(plan), device=device, out=str(out)).resolved()
+    splits = load_data(unit, plan, config)
+    start = last = time.perf_counter()
+
+    def after_experience(_: str) -> None:
+        global _last_experience_s
+        nonlocal last
+        now = time.perf_counter()
+        _last_experience_s, last = now - last, now
+        if deadline is not None and time.time() + _last_experience_s > deadline:
+            raise _OutOfTime
+
+    try:
+        result = run_experiment(config, out, resume=out.exists(), show_progress=False, log=after_experience,
+                                splits=splits)[0]
+    except _OutOfTime:
+        return None
+    payload = {"unit": dataclasses.asdict(unit), **result.to_dict(), "process_s": time.perf_counter() - start}
     record.parent.mkdir(parents=True, exist_ok=True)
-    record.write_text(json.dumps(payload) + "\n")
+    # Atomically: a start killed at its time limit leaves no half-written record.
+    partial = record.with_name(record.name + ".partial")
+    partial.write_text(json.dumps(payload) + "\n")
+    os.replace(partial, record)
+    shutil.rmtree(out, ignore_errors=True)  # its checkpoint is no longer needed
     return payload
 
 
@@ -160,103 +144,79 @@ class InProcess(concurrent.futures.Executor):
         return future
 
 
-def run_all(units: Sequence[Unit], pool: concurrent.futures.Executor, regime: str, device: str, root: Path
-            ) -> dict[Unit, dict[str, Any]]:
-    futures = {pool.submit(run_unit, unit, regime, device, str(root)): unit for unit in units}
-    done: dict[Unit, dict[str, Any]] = {}
-    for count, future in enumerate(concurrent.futures.as_completed(futures), 1):
-        unit = futures[future]
-        done[unit] = future.result()
-        print(f"[{count}/{len(units)}] {unit.name}: final acc "
-              f"{_final_accuracy(done[unit]):.3f} ({done[unit].get('process_s', 0):.0f} s)", flush=True)
-    return done
+def finished_records(root: Path) -> dict[str, dict[str, Any]]:
+    """Every finished unit's record under ``root/units``, by unit name."""
+    return {path.stem: json.loads(path.read_text()) for path in sorted((root / "units").glob("*.json"))}
 
 
-def _final_accuracy(record: dict[str, Any]) -> float:
-    last = record["accuracy_matrix"][-1]
-    return sum(last) / len(last)
+def run_units(units: Sequence[Unit], pool: concurrent.futures.Executor, plan: dict[str, Any], args: argparse.Namespace,
+              deadline: float | None) -> tuple[int, int]:
+    """Run ``units``; returns (finished, stopped by the deadline)."""
+    futures = {pool.submit(run_unit, unit, plan, args.device, str(args.out), deadline): unit for unit in units}
+    finished = stopped = 0
+    for future in concurrent.futures.as_completed(futures):
+        unit, record = futures[future], future.result()
+        if record is None:
+            stopped += 1
+            continue
+        finished += 1
+        last = record["accuracy_matrix"][-1]
+        print(f"[{finished}/{len(units)}] {unit.name}: mean experience accuracy {100 * sum(last) / len(last):.1f} % "
+              f"({record['process_s']:.0f} s)", flush=True)
+    return finished, stopped
 
 
-def _as_results(records: Sequence[dict[str, Any]]) -> list[Any]:
-    from cl_streamkl.experiment.runner import RunResult
-
-    fields = {f.name for f in dataclasses.fields(RunResult)}
-    return [RunResult(**{k: v for k, v in record.items() if k in fields}) for record in records]
-
-
-def choose_setting(scenario: str, grid: Sequence[tuple], sweep: dict[Unit, dict[str, Any]]
-                   ) -> tuple[list[dict[str, Any]], tuple]:
-    """Sweep records per setting and the chosen one (highest mean validation accuracy)."""
-    rows = []
-    for setting in grid:
-        runs = {u: r for u, r in sweep.items() if u.scenario == scenario and u.setting == setting}
-        per_strategy = {}
-        for strategy in SWEEP_STRATEGIES:
-            values = [_final_accuracy(r) for u, r in runs.items() if u.strategy == strategy]
-            per_strategy[strategy] = 100 * sum(values) / len(values)
-        rows.append({"alpha": setting[0], "layers": setting[1], "temperature": setting[2],
-                     "val_final_avg_acc": per_strategy,
-                     "objective": sum(per_strategy.values()) / len(per_strategy)})
-    best = max(range(len(rows)), key=lambda i: (rows[i]["objective"], -i))
-    baselines = {}
-    for strategy in SWEEP_BASELINES:
-        values = [_final_accuracy(r) for u, r in sweep.items() if u.scenario == scenario and u.strategy == strategy]
-        baselines[strategy] = 100 * sum(values) / len(values)
-    for row in rows:
-        row["val_baselines"] = baselines
-    return rows, grid[best]
+def check_plan(root: Path, report_path: Path | None, plan: dict[str, Any]) -> str | None:
+    """Why this start may not use ``root`` or ``report_path`` (another plan's), or None."""
+    stamp = fingerprint(plan)
+    plan_file = root / "plan.json"
+    if plan_file.is_file() and fingerprint(json.loads(plan_file.read_text())) != stamp:
+        return (f"{plan_file} holds another plan (fingerprint {fingerprint(json.loads(plan_file.read_text()))}, "
+                f"this start's {stamp}): the grid and seeds are fixed once a study starts; use another --out")
+    if report_path is not None and report_path.is_file():
+        previous = json.loads(report_path.read_text()).get("plan_fingerprint")
+        if previous not in (None, stamp):
+            return (f"{report_path} reports a study with plan {previous}, this start's is {stamp}: the grid and "
+                    "seeds are fixed once a study starts; write another --json")
+    return None
 
 
-def scenario_table(scenario: str, records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Per strategy mean ± std (percent) of the study's metrics, and the paired differences."""
-    from cl_streamkl.experiment.statistics import paired_comparisons
-    from cl_streamkl.experiment.summary import summarize
-
-    results = _as_results(records)
-    summary = summarize(results)
-    table = {}
-    for strategy, entry in summary.items():
-        row = {}
-        for name, key in (("final_avg_acc", "final_average_accuracy"), ("forgetting", "average_forgetting"),
-                          ("learning_acc", "learning_accuracy"), ("task_il_acc", "final_task_il_accuracy")):
-            if entry[key] is not None:
-                row[name] = [100 * entry[key]["mean"], 100 * entry[key]["std"]]
-        row["wall_time_s"] = [entry["wall_time_s"]["mean"], entry["wall_time_s"]["std"]]
-        row["seeds"] = entry["seeds"]
-        table[strategy] = row
-    return {"table": table, "paired": paired_comparisons(results, scenario)}
+def archive_parts(path: Path) -> list[Path]:
+    """An archive's files: ``path``, then ``path.1``, ``path.2``, ... as they exist."""
+    parts = [path]
+    while parts[-1].with_name(f"{path.name}.{len(parts)}").is_file():
+        parts.append(path.with_name(f"{path.name}.{len(parts)}"))
+    return parts
 
 
-def markdown(report: dict[str, Any]) -> str:
-    """Every scenario's table and paired differences as Markdown."""
-    lines = []
-    for scenario, part in report["scenarios"].items():
-        chosen = part["chosen"]
-        lines += [f"### {scenario}-incremental ({report['settings']['tokens']} tokens; StreamKL alpha "
-                  f"{chosen['alpha']:g}, layers {chosen['layers']}, T {chosen['temperature']:g})", ""]
-        columns = [("final_avg_acc", "final avg acc (%)"), ("forgetting", "forgetting (%)"),
-                   ("learning_acc", "learning acc (%)")]
-        if scenario == "class":
-            columns.append(("task_il_acc", "Task-IL acc (%)"))
-        lines.append("| strategy | " + " | ".join(title for _, title in columns) + " |")
-        lines.append("|---|" + "---:|" * len(columns))
-        for strategy, row in part["table"].items():
-            cells = [f"{row[key][0]:.1f} ± {row[key][1]:.1f}" for key, _ in columns]
-            lines.append(f"| {strategy} | " + " | ".join(cells) + " |")
-        lines += ["", "| paired difference | final avg acc (pp) | forgetting (pp) |", "|---|---:|---:|"]
-        pairs: dict[tuple[str, str], dict[str, str]] = {}
-        for entry in part["paired"]:
-            low, high = entry["ci95"]
-            interval = "" if low is None else f" [{low:+.1f}, {high:+.1f}]"
-            pairs.setdefault((entry["strategy"], entry["baseline"]), {})[entry["metric"]] = (
-                f"{entry['mean_diff']:+.1f}{interval}")
-        for (strategy, baseline), cells in pairs.items():
-            lines.append(f"| {strategy} − {baseline} | {cells.get('final_avg_acc', '-')} | "
-                         f"{cells.get('forgetting', '-')} |")
-        busy = sum(part["worker_time_s"].values()) / 60
-        lines += ["", f"Compute: {busy:.0f} worker-minutes (sweep {part['worker_time_s']['sweep'] / 60:.0f}, "
-                      f"test {part['worker_time_s']['test'] / 60:.0f}); each run is one worker process.", ""]
-    return "\n".join(lines)
+def write_archive(root: Path, path: Path) -> list[Path]:
+    """plan.json, every finished unit's record and the unfinished units' checkpoints, as a .tar.gz.
+
+    Written in parts of at most :data:`ARCHIVE_PART_BYTES` (``path``, ``path.1``, ...), so each
+    comes back from a machine that returns files up to a size.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for stale in archive_parts(path)[1:]:
+        stale.unlink()
+    whole = io.BytesIO()
+    with tarfile.open(fileobj=whole, mode="w:gz") as archive:
+        for name in ("plan.json", "units", "runs"):
+            if (root / name).exists():
+                archive.add(root / name, arcname=name)
+    data = whole.getvalue()
+    parts = [path if i == 0 else path.with_name(f"{path.name}.{i}")
+             for i in range(max(1, -(-len(data) // ARCHIVE_PART_BYTES)))]
+    for i, part in enumerate(parts):
+        part.write_bytes(data[i * ARCHIVE_PART_BYTES:(i + 1) * ARCHIVE_PART_BYTES])
+    return parts
+
+
+def read_archive(path: Path, root: Path) -> None:
+    """Unpack every part of an archive from :func:`write_archive` into ``root``."""
+    root.mkdir(parents=True, exist_ok=True)
+    data = b"".join(part.read_bytes() for part in archive_parts(path))
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as archive:
+        archive.extractall(root, filter="data")
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -264,22 +224,59 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--regime", choices=tuple(REGIMES))
     parser.add_argument("--tables", nargs="+", type=Path, metavar="REPORT",
-                        help="print the side-by-side tables of these reports (one per regime) and exit")
+                        help="print the tables of these reports (one per regime, side by side) and exit")
+    parser.add_argument("--part", choices=("plan", *PARTS, "all"), default="all",
+                        help="plan: write the plan only; tune: validation runs; test: test runs (after tuning); "
+                             "all: both (default: %(default)s)")
+    parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS),
+                        help="scenarios to run now (the plan holds all)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1),
                         help="worker processes; 0 runs every unit in this process")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker (default: %(default)s)")
     parser.add_argument("--gpus", type=int, default=1, help="spread the workers over this many GPUs")
-    parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS))
-    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4], help="test seeds")
-    parser.add_argument("--sweep-seeds", nargs="+", type=int, help="validation seeds of the sweep "
-                        "(default: 100 101 for short, 100 for long)")
-    parser.add_argument("--epochs", type=int, help="override the regime's epochs (for a quick check)")
-    parser.add_argument("--strategies", nargs="+", help="override the regime's strategies (for a quick check)")
-    parser.add_argument("--out", type=Path, help="folder for the runs (default: runs/efficacy-<regime>)")
+    parser.add_argument("--seeds", nargs="+", type=int, help="test seeds (default: 200-207; long4097: 200-204)")
+    parser.add_argument("--val-seeds", nargs="+", type=int, help="validation seeds, at least two (default: 100 101)")
+    parser.add_argument("--epochs", type=int, help="replace the regime's epochs (a quick check; changes the plan)")
+    parser.add_argument("--settings-per-method", type=int, default=SETTINGS_PER_METHOD,
+                        help="the first N settings of every grid (a quick check; changes the plan)")
+    parser.add_argument("--strategies", nargs="+", metavar="NAME",
+                        help="test only these strategies (a costly regime's decisive comparisons; changes the plan)")
+    parser.add_argument("--settings-from", type=Path, metavar="REPORT",
+                        help="take the chosen settings from another regime's report instead of tuning")
+    parser.add_argument("--max-units", type=int, help="start at most this many units, then stop")
+    parser.add_argument("--time-limit", type=float, metavar="MINUTES",
+                        help="start no unit and no experience that would end after this many minutes")
+    parser.add_argument("--out", type=Path, help="folder of the units (default: runs/efficacy-<regime>)")
+    parser.add_argument("--archive", type=Path, metavar="TAR_GZ", help="at the end, pack --out into this file")
+    parser.add_argument("--from-archive", type=Path, metavar="TAR_GZ", help="first unpack this --archive into --out")
     add_json_flag(parser, "write the report as JSON")
     parser.add_argument("--commit", help="commit to record when the tree has no .git (default: git rev-parse)")
     return parser.parse_args(argv)
+
+
+def _argument_error(args: argparse.Namespace) -> str | None:
+    if args.regime is None:
+        return "--regime is required (or --tables to print finished reports)"
+    if args.val_seeds is not None and len(set(args.val_seeds)) < 2:
+        return "--val-seeds needs at least two distinct seeds"
+    if args.seeds is not None and len(set(args.seeds)) < 2:
+        return "--seeds needs at least two distinct seeds"
+    for name in ("max_units", "settings_per_method", "epochs"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            return f"--{name.replace('_', '-')} must be >= 1"
+    known = {name for arms in TESTED.values() for names in arms.values() for name in names}
+    unknown = sorted(set(args.strategies or ()) - known)
+    if unknown:
+        return f"--strategies: {', '.join(unknown)} not in the study ({', '.join(sorted(known))})"
+    if args.time_limit is not None and args.time_limit <= 0:
+        return "--time-limit must be > 0"
+    for name in ("from_archive", "settings_from"):
+        path = getattr(args, name)
+        if path is not None and not path.is_file():
+            return f"--{name.replace('_', '-')} {path}: no such file"
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -287,63 +284,80 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.tables:
         print(side_by_side([json.loads(path.read_text()) for path in args.tables]))
         return 0
-    if args.regime is None:
-        print("efficacy.py: --regime is required (or --tables to print finished reports)", file=sys.stderr)
+    error = _argument_error(args)
+    if error is not None:
+        print(f"efficacy.py: {error}", file=sys.stderr)
         return 2
-    if args.epochs is not None:
-        REGIMES[args.regime]["epochs"] = args.epochs
-    root = args.out or Path("runs") / f"efficacy-{args.regime}"
-    args.sweep_seeds = args.sweep_seeds or ([100, 101] if args.regime == "short" else [100])
-    settings = {**REGIMES[args.regime], "tokens": (REGIMES[args.regime]["image_size"]
-                                                   // REGIMES[args.regime]["patch_size"]) ** 2 + 1}
+    start = time.time()
+    deadline = None if args.time_limit is None else start + 60 * args.time_limit
+    val_seeds, test_seeds = DEFAULT_SEEDS[args.regime]
+    settings_from = None if args.settings_from is None else json.loads(args.settings_from.read_text())
+    plan = make_plan(args.regime, args.val_seeds or val_seeds, args.seeds or test_seeds, args.epochs,
+                     args.settings_per_method, args.strategies, settings_from)
+    missing = sorted(set(plan["settings"]) - {f.name for f in dataclasses.fields(ExperimentConfig)})
+    if missing and args.part != "plan":
+        print(f"efficacy.py: regime {args.regime} needs configuration fields this checkout lacks: "
+              f"{', '.join(missing)}", file=sys.stderr)
+        return 2
+    args.out = args.out or Path("runs") / f"efficacy-{args.regime}"
+    if args.from_archive is not None:
+        read_archive(args.from_archive, args.out)
+    error = check_plan(args.out, args.json, plan)
+    if error is not None:
+        print(f"efficacy.py: {error}", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "plan.json").write_text(json.dumps(plan, indent=1) + "\n")
     import torch
 
     from _harness.report import describe_environment
 
     environment = describe_environment(torch.device(args.device), args.commit)
-    start = time.perf_counter()
-    context = multiprocessing.get_context("spawn")
-    report: dict[str, Any] = {"regime": args.regime, "settings": settings, "environment": environment,
-                              "workers": args.workers, "gpus": args.gpus if args.device == "cuda" else 0, "date": time.strftime("%Y-%m-%d"),
-                              "seeds": args.seeds, "sweep_seeds": args.sweep_seeds, "scenarios": {}}
-    counter = context.Value("i", 0)
-    pool = (InProcess() if args.workers == 0 else
-            concurrent.futures.ProcessPoolExecutor(args.workers, mp_context=context, initializer=_init_worker,
-                                                   initargs=(args.threads, args.gpus, counter)))
-    with pool:
-        grid = SWEEP_GRIDS[args.regime]
-        sweep_units = [Unit("sweep", scenario, strategy, seed, setting)
-                       for scenario in args.scenarios for setting in grid
-                       for strategy in SWEEP_STRATEGIES for seed in args.sweep_seeds]
-        sweep_units += [Unit("sweep", scenario, strategy, seed, grid[0])
-                        for scenario in args.scenarios for strategy in SWEEP_BASELINES for seed in args.sweep_seeds]
-        sweep = run_all(sweep_units, pool, args.regime, args.device, root)
-        sweep_time = time.perf_counter() - start
-        chosen = {}
-        for scenario in args.scenarios:
-            rows, chosen[scenario] = choose_setting(scenario, grid, sweep)
-            report["scenarios"][scenario] = {"options": SCENARIO_OPTIONS[scenario], "sweep": rows,
-                                             "chosen": dict(zip(("alpha", "layers", "temperature"),
-                                                                chosen[scenario]))}
-        test_units = [Unit("test", scenario, strategy, seed, chosen[scenario])
-                      for scenario in args.scenarios
-                      for strategy in (args.strategies or STRATEGIES[args.regime][scenario])
-                      for seed in args.seeds]
-        test = run_all(test_units, pool, args.regime, args.device, root)
-    for scenario in args.scenarios:
-        records = [test[u] for u in test_units if u.scenario == scenario]
-        part = report["scenarios"][scenario]
-        part.update(scenario_table(scenario, records))
-        # Seconds the workers spent on this scenario's runs (a resumed study counts earlier starts too).
-        part["worker_time_s"] = {phase: sum(r.get("process_s", 0.0) for u, r in runs.items() if u.scenario == scenario)
-                                 for phase, runs in (("sweep", sweep), ("test", test))}
-    # This start's wall time; a resumed study's earlier starts are not in it.
-    report["wall_time_s"] = time.perf_counter() - start
-    report["sweep_wall_time_s"] = sweep_time
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
+        write_json(args.json, build_report(plan, finished_records(args.out), environment))
+    started = stopped = 0
+    if args.part != "plan":
+        context = multiprocessing.get_context("spawn")
+        counter = context.Value("i", 0)
+        if args.workers == 0:
+            torch.set_num_threads(args.threads)
+        pool = (InProcess() if args.workers == 0 else
+                concurrent.futures.ProcessPoolExecutor(args.workers, mp_context=context, initializer=_init_worker,
+                                                       initargs=(args.threads, args.gpus, counter)))
+        with pool:
+            for part in PARTS if args.part == "all" else (args.part,):
+                records = finished_records(args.out)
+                units = []
+                for scenario in [name for name in args.scenarios if name in plan["scenarios"]]:
+                    if part == "tune":
+                        units += tuning_units(plan, scenario)
+                        continue
+                    tables, complete = choose(plan, scenario, tuning_scores(plan, records))
+                    if not complete:
+                        if args.part == "test":
+                            print(f"efficacy.py: the tuning of scenario {scenario} is not finished; run --part tune "
+                                  "first", file=sys.stderr)
+                            return 2
+                        continue
+                    units += test_units(plan, scenario, {name: t["chosen"] for name, t in tables.items()})
+                todo = [unit for unit in units if unit.name not in records]
+                if args.max_units is not None:
+                    todo = todo[:max(0, args.max_units - started)]
+                if todo:
+                    load_data(todo[0], plan)  # generated here once, not by every worker at the same time
+                finished, halted = run_units(todo, pool, plan, args, deadline)
+                started, stopped = started + finished + halted, stopped + halted
+    report = build_report(plan, finished_records(args.out), environment)
+    if args.json:
         write_json(args.json, report)
-    print(markdown(report))
+    if args.archive:
+        parts = write_archive(args.out, args.archive)
+        print(f"archive: {', '.join(str(part) for part in parts)}")
+    print(side_by_side([report]))
+    print(f"plan {report['plan_fingerprint']}: " + "; ".join(
+        f"{part} {done}/{total} units" for part, (done, total) in report["units"].items())
+        + (f"; {stopped} stopped by the time limit (they resume from their checkpoints)" if stopped else "")
+        + f"; {time.time() - start:.0f} s")
     return 0
 
 

@@ -8,9 +8,12 @@ A document asks for a table between two marker comments::
 
 The name is a result file's stem (``benchmarks/results/kernel-long-bf16.json``), optionally
 with one of the views the file defines (``kernel-long-bf16/headline``: some of its columns and
-rows), or ``efficacy/<scenario>`` and ``efficacy/<scenario>-paired`` for the efficacy study's
-tables, drawn from ``efficacy-short.json`` and ``efficacy-long.json`` side by side. Under each
-table a line names the file it comes from, the GPU, versions, commit and date.
+rows). The efficacy study's tables draw on its reports side by side (those of
+``efficacy-short.json``, ``efficacy-long.json`` and ``efficacy-long4097.json`` that exist):
+``efficacy/summary`` (README's section), ``efficacy/<scenario>``, ``efficacy/<scenario>-paired``
+and ``efficacy/<scenario>-tuning``; ``efficacy-upscaled/<scenario>[-paired]`` are the earlier
+study's, whose long tokens were upscaled 28 px digits. Under each table a line names the file
+it comes from, the GPU, versions, commit and date.
 
 A table file holds ``title``, ``gpu``, ``torch``, ``triton`` and where known ``python``,
 ``timm``, ``avalanche``, ``commit`` (or a ``commit`` column), ``date`` and ``command``;
@@ -34,11 +37,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from _harness.efficacy_tables import chosen_settings, paired_table, strategy_table
+from _harness import efficacy_tables, efficacy_upscaled_tables
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-EFFICACY_REPORTS = ("efficacy-short.json", "efficacy-long.json")
+EFFICACY_REPORTS = ("efficacy-short.json", "efficacy-long.json", "efficacy-long4097.json")
+UPSCALED_REPORTS = ("efficacy-upscaled-short.json", "efficacy-upscaled-long.json")
+EFFICACY_VIEWS = ("", "paired", "tuning")
 MARKED = re.compile(r"(<!-- table:(?P<name>[\w./-]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.DOTALL)
 
 
@@ -86,20 +91,51 @@ def provenance(table: dict[str, Any], source: str, with_command: bool) -> str:
     return line
 
 
-def _efficacy(part: str, document: Path, results: Path) -> list[str]:
-    scenario, _, paired = part.partition("-")
-    reports = [json.loads((results / name).read_text()) for name in EFFICACY_REPORTS]
-    if paired:
-        lines = paired_table(reports, scenario)
-    else:
-        lines = [f"StreamKL setting chosen on validation: {chosen_settings(reports, scenario)}.", "",
-                 *strategy_table(reports, scenario)]
-    sources = " and ".join(f"[`{name}`]({_link(results / name, document)})" for name in EFFICACY_REPORTS)
+def _sources(names: Sequence[str], reports: Sequence[dict[str, Any]], document: Path, results: Path) -> str:
+    files = " and ".join(f"[`{name}`]({_link(results / name, document)})" for name in names)
     environments = "; ".join(
         f"{report['settings']['tokens']} tokens: {report['environment']['device']}, torch "
         f"{report['environment']['torch']}, triton {report['environment']['triton']}, commit "
         f"`{report['environment']['commit']}`, {report['date']}" for report in reports)
-    return lines + ["", f"Source: {sources} ({environments})."]
+    return f"Source: {files} ({environments})."
+
+
+def _efficacy(view: str, document: Path, results: Path) -> list[str]:
+    names = [name for name in EFFICACY_REPORTS if (results / name).is_file()]
+    if not names:
+        raise ValueError(f"table 'efficacy/{view}': no efficacy report ({', '.join(EFFICACY_REPORTS)})")
+    reports = [json.loads((results / name).read_text()) for name in names]
+    scenario, _, kind = view.partition("-")
+    if view == "summary":
+        lines = efficacy_tables.summary(reports)
+    elif kind == "paired":
+        lines = efficacy_tables.paired_table(reports, scenario)
+    elif kind == "tuning":
+        lines = [line for report in reports for line in [*efficacy_tables.tuning_table(report, scenario), ""]][:-1]
+    else:
+        lines = [f"Chosen on validation: {efficacy_tables.chosen_settings(reports, scenario)}.", "",
+                 *efficacy_tables.strategy_table(reports, scenario)]
+    return lines + ["", _sources(names, reports, document, results)]
+
+
+def _upscaled(view: str, document: Path, results: Path) -> list[str]:
+    scenario, _, paired = view.partition("-")
+    reports = [json.loads((results / name).read_text()) for name in UPSCALED_REPORTS]
+    if paired:
+        lines = efficacy_upscaled_tables.paired_table(reports, scenario)
+    else:
+        chosen = efficacy_upscaled_tables.chosen_settings(reports, scenario)
+        lines = [f"StreamKL setting chosen on validation: {chosen}.", "",
+                 *efficacy_upscaled_tables.strategy_table(reports, scenario)]
+    return lines + ["", _sources(UPSCALED_REPORTS, reports, document, results)]
+
+
+def _efficacy_view(stem: str, view: str) -> bool:
+    """Whether ``stem/view`` names an efficacy table (see the module's docstring)."""
+    scenario, _, kind = view.partition("-")
+    if stem == "efficacy-upscaled":
+        return scenario in efficacy_tables.SCENARIOS and kind in ("", "paired")
+    return view == "summary" or (scenario in efficacy_tables.SCENARIOS and kind in EFFICACY_VIEWS)
 
 
 def render(name: str, document: Path, results: Path = RESULTS) -> str:
@@ -109,10 +145,12 @@ def render(name: str, document: Path, results: Path = RESULTS) -> str:
         ValueError: no result file or view of that name.
     """
     stem, _, view = name.partition("/")
-    if stem == "efficacy":
-        if view.partition("-")[0] not in ("class", "task", "domain") or view.partition("-")[2] not in ("", "paired"):
-            raise ValueError(f"table {name!r}: efficacy tables are efficacy/<class|task|domain>[-paired]")
-        return "\n".join(_efficacy(view, document, results)) + "\n"
+    if stem in ("efficacy", "efficacy-upscaled"):
+        if not _efficacy_view(stem, view):
+            raise ValueError(f"table {name!r}: efficacy tables are efficacy/summary, "
+                             "efficacy/<class|task|domain>[-paired|-tuning] and efficacy-upscaled/<scenario>[-paired]")
+        render_view = _efficacy if stem == "efficacy" else _upscaled
+        return "\n".join(render_view(view, document, results)) + "\n"
     path = results / f"{stem}.json"
     if not path.is_file():
         raise ValueError(f"table {name!r}: no result file {path.relative_to(results.parent.parent)}")

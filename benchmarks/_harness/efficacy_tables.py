@@ -1,8 +1,11 @@
-"""The efficacy study's Markdown tables: per scenario, every regime's numbers side by side.
+"""The efficacy study's Markdown tables, from the reports ``benchmarks/efficacy.py --json`` writes.
 
-A report is what ``benchmarks/efficacy.py --json`` writes (one per regime, e.g.
-``benchmarks/results/efficacy-short.json``). Cells are percent; paired differences are
-percentage points with a 95 % t-interval, bold where the interval excludes zero.
+One report per regime (``benchmarks/results/efficacy-short.json``, ``-long.json``,
+``-long4097.json``); the tables put the regimes side by side per scenario. Cells are
+percent, mean ± sample std over the test seeds; paired differences are percentage points
+with the raw 95 % t-interval and the Holm-adjusted p-value, bold where that p-value is
+below 0.05. A report whose study has not finished shows what it holds and how many units
+are done.
 """
 
 from __future__ import annotations
@@ -11,63 +14,150 @@ from collections.abc import Sequence
 from typing import Any
 
 SCENARIOS = ("class", "task", "domain")
-_METRICS = (("final_avg_acc", "acc"), ("forgetting", "forgetting"), ("learning_acc", "learning acc"))
+TITLES = {"stream_accuracy": "stream acc", "mean_experience_accuracy": "mean exp. acc", "forgetting": "forgetting",
+          "learning_accuracy": "learning acc", "task_il_accuracy": "Task-IL acc"}
+PAIRED_COLUMNS = ("mean_experience_accuracy", "stream_accuracy", "forgetting")
+HOLM_LEVEL = 0.05
+
+
+def _part(report: dict[str, Any], scenario: str) -> dict[str, Any]:
+    """A report's scenario, or an empty one where its plan leaves the scenario out."""
+    return report["scenarios"].get(scenario, {"tuning": {}, "chosen": None, "chosen_from": None, "runs": [],
+                                              "table": {}, "paired": []})
+
+
+def status(report: dict[str, Any]) -> str:
+    """``1025 tokens: tune 40/104 units, test 0/240 units (plan 0123abcd...)``."""
+    units = ", ".join(f"{part} {done}/{total} units" for part, (done, total) in report["units"].items())
+    return f"{report['settings']['tokens']} tokens: {units} (plan `{report['plan_fingerprint']}`)"
+
+
+def _setting(setting: dict[str, Any]) -> str:
+    return ", ".join(f"{key} {value:g}" if isinstance(value, float) else f"{key} {value}"
+                     for key, value in setting.items())
 
 
 def chosen_settings(reports: Sequence[dict[str, Any]], scenario: str) -> str:
-    """The StreamKL setting chosen on validation, per regime: ``17 tokens: alpha 1, T 1, layers all; ...``."""
-    parts = [(report["settings"]["tokens"], report["scenarios"][scenario]) for report in reports]
-    return "; ".join(f"{tokens} tokens: alpha {part['chosen']['alpha']:g}, T {part['chosen']['temperature']:g}, "
-                     f"layers {part['chosen']['layers']}" for tokens, part in parts)
+    """Each regime's settings chosen on validation: ``17 tokens: lwf (lwf_alpha 4, ...); ...``."""
+    parts = []
+    for report in reports:
+        chosen = _part(report, scenario)["chosen"]
+        text = ("not planned" if scenario not in report["scenarios"] else "tuning not finished" if chosen is None else
+                "; ".join(f"{family} ({_setting(setting)})" for family, setting in chosen.items()))
+        parts.append(f"{report['settings']['tokens']} tokens: {text}")
+    return ". ".join(parts)
 
 
-def strategy_table(reports: Sequence[dict[str, Any]], scenario: str) -> list[str]:
-    """Mean ± std per strategy and regime (``–`` where a regime did not run the strategy)."""
-    tokens = [report["settings"]["tokens"] for report in reports]
-    parts = [report["scenarios"][scenario] for report in reports]
-    keys = list(_METRICS) + ([("task_il_acc", "Task-IL acc")] if scenario == "class" else [])
-    header = [f"{title}, {n} tok." for n in tokens for _, title in keys]
+def _metrics(scenario: str) -> list[str]:
+    return [*TITLES][:4] + (["task_il_accuracy"] if scenario == "class" else [])
+
+
+def strategy_table(reports: Sequence[dict[str, Any]], scenario: str, metrics: Sequence[str] | None = None
+                   ) -> list[str]:
+    """Mean ± std per strategy and regime (``–`` where a regime has no runs of it)."""
+    metrics = list(metrics or _metrics(scenario))
+    tables = [_part(report, scenario)["table"] for report in reports]
+    if not any(tables):
+        return ["No test runs yet: " + "; ".join(status(report) for report in reports) + "."]
+    header = [f"{TITLES[m]}, {r['settings']['tokens']} tok." for r in reports for m in metrics]
     lines = ["| strategy | " + " | ".join(header) + " |", "|---|" + "---:|" * len(header)]
-    for strategy in dict.fromkeys(s for part in parts for s in part["table"]):
+    for label in dict.fromkeys(label for table in tables for label in table):
         cells = []
-        for part in parts:
-            row = part["table"].get(strategy)
-            cells += [f"{row[key][0]:.1f} ± {row[key][1]:.1f}" if row else "–" for key, _ in keys]
-        lines.append(f"| {strategy} | " + " | ".join(cells) + " |")
+        for table in tables:
+            row = table.get(label, {})
+            cells += [f"{row[m][0]:.1f} ± {row[m][1]:.1f}" if m in row else "–" for m in metrics]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines
 
 
-def _interval(entry: dict[str, Any]) -> str:
+def _difference(entry: dict[str, Any] | None) -> str:
+    if entry is None:
+        return "–"
     low, high = entry["ci95"]
-    if low is None:
-        return f"{entry['mean_diff']:+.1f}"
-    text = f"{entry['mean_diff']:+.1f} [{low:+.1f}, {high:+.1f}]"
-    return f"**{text}**" if low > 0 or high < 0 else text
+    text = f"{entry['mean_diff']:+.1f}" + ("" if low is None else f" [{low:+.1f}, {high:+.1f}]")
+    if entry["p_holm"] is None:
+        return text
+    text += f" p {entry['p_holm']:.2g}"
+    return f"**{text}**" if entry["p_holm"] < HOLM_LEVEL else text
 
 
-def paired_table(reports: Sequence[dict[str, Any]], scenario: str) -> list[str]:
-    """Paired differences (with − without) per regime; ``–`` where a regime has no such pair."""
-    tokens = [report["settings"]["tokens"] for report in reports]
-    parts = [report["scenarios"][scenario] for report in reports]
-    metrics = ["final_avg_acc", "forgetting"] + (["task_il_acc"] if scenario == "class" else [])
-    header = [f"{metric}, {n} tok." for n in tokens for metric in metrics]
-    lines = ["| paired difference (pp, 95 % CI) | " + " | ".join(header) + " |", "|---|" + "---:|" * len(header)]
-    for strategy, baseline in dict.fromkeys((e["strategy"], e["baseline"]) for p in parts for e in p["paired"]):
+def paired_table(reports: Sequence[dict[str, Any]], scenario: str, metrics: Sequence[str] = PAIRED_COLUMNS
+                 ) -> list[str]:
+    """Paired differences (with − without) per regime: mean [raw 95 % CI] and Holm-adjusted p."""
+    parts = [_part(report, scenario)["paired"] for report in reports]
+    if not any(parts):
+        return ["No paired differences yet."]
+    header = [f"{TITLES[m]}, {r['settings']['tokens']} tok." for r in reports for m in metrics]
+    lines = ["| paired difference (pp, 95 % CI, Holm p) | " + " | ".join(header) + " |",
+             "|---|" + "---:|" * len(header)]
+    for strategy, baseline in dict.fromkeys((e["strategy"], e["baseline"]) for part in parts for e in part):
         cells = []
         for part in parts:
-            entries = {e["metric"]: e for e in part["paired"] if (e["strategy"], e["baseline"]) == (strategy, baseline)}
-            cells += [_interval(entries[metric]) if metric in entries else "–" for metric in metrics]
+            entries = {e["metric"]: e for e in part if (e["strategy"], e["baseline"]) == (strategy, baseline)}
+            cells += [_difference(entries.get(m)) for m in metrics]
         lines.append(f"| {strategy} − {baseline} | " + " | ".join(cells) + " |")
     return lines
 
 
-def side_by_side(reports: Sequence[dict[str, Any]]) -> str:
-    """Every scenario all the reports hold: its chosen settings, the strategy table, the paired table."""
-    lines: list[str] = []
+def tuning_table(report: dict[str, Any], scenario: str) -> list[str]:
+    """Every validation setting of every method: per-seed and mean validation accuracy, the choice in bold."""
+    seeds = report["plan"]["val_seeds"]
+    part = _part(report, scenario)
+    if part["chosen_from"] is not None or scenario not in report["scenarios"]:
+        return [] if part["chosen_from"] is None else [
+            f"{report['settings']['tokens']} tokens: settings taken from plan `{part['chosen_from']}`, not tuned."]
+    lines = [f"| method ({report['settings']['tokens']} tokens) | setting | "
+             + " | ".join(f"seed {s}" for s in seeds) + " | mean |", "|---|---|" + "---:|" * (len(seeds) + 1)]
+    for family, table in part["tuning"].items():
+        for row in table["rows"]:
+            values = [row["per_seed"][str(s)] for s in seeds] + [row["mean"]]
+            cells = ["–" if v is None else f"{v:.1f}" for v in values]
+            setting = _setting(row["setting"])
+            if row["setting"] == table["chosen"]:
+                setting = f"**{setting}**"
+            lines.append(f"| {family} | {setting} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def conclusion(reports: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per scenario: the StreamKL comparisons whose Holm-adjusted p is below 0.05, per regime."""
+    lines = []
     for scenario in SCENARIOS:
-        if not all(scenario in report["scenarios"] for report in reports):
+        found = []
+        for report in reports:
+            for entry in _part(report, scenario)["paired"]:
+                holm = entry["p_holm"]
+                if "streamkl" in entry["strategy"] and holm is not None and holm < HOLM_LEVEL:
+                    found.append(f"{entry['strategy']} − {entry['baseline']} {TITLES[entry['metric']]} "
+                                 f"{entry['mean_diff']:+.1f} pp (p {holm:.2g}, {report['settings']['tokens']} tok.)")
+        runs = any(_part(report, scenario)["runs"] for report in reports)
+        text = ("not run yet" if not runs else
+                "; ".join(found) if found else "no StreamKL difference survives Holm's correction")
+        lines.append(f"- {scenario}-incremental: {text}.")
+    return lines
+
+
+def summary(reports: Sequence[dict[str, Any]]) -> list[str]:
+    """README's section: per scenario, stream accuracy and forgetting per strategy, then the conclusion."""
+    if not any(part["runs"] for report in reports for part in report["scenarios"].values()):
+        return ["The study has not been run at these settings yet ("
+                + "; ".join(status(report) for report in reports) + ")."]
+    lines = []
+    for scenario in SCENARIOS:
+        lines += [f"**{scenario}-incremental**", "",
+                  *strategy_table(reports, scenario, ("stream_accuracy", "forgetting")), ""]
+    return lines + conclusion(reports)
+
+
+def side_by_side(reports: Sequence[dict[str, Any]]) -> str:
+    """Per scenario: settings chosen, the strategy table, the paired table, each report's tuning table."""
+    lines = ["Status: " + "; ".join(status(report) for report in reports) + ".", ""]
+    for scenario in SCENARIOS:
+        if not any(scenario in report["scenarios"] for report in reports):
             continue
-        lines += [f"**{scenario}-incremental** (StreamKL setting chosen on validation: "
-                  f"{chosen_settings(reports, scenario)})", ""]
+        lines += [f"**{scenario}-incremental** (chosen on validation: {chosen_settings(reports, scenario)})", ""]
         lines += strategy_table(reports, scenario) + [""] + paired_table(reports, scenario) + [""]
+        for report in reports:
+            tuning = tuning_table(report, scenario)
+            lines += tuning + [""] if tuning else []
     return "\n".join(lines)

@@ -29,6 +29,24 @@ def final_average_accuracy(acc: Sequence[Sequence[float]] | np.ndarray) -> float
     return float(_as_matrix(acc)[-1].mean())
 
 
+def stream_accuracy(acc: Sequence[Sequence[float]] | np.ndarray, sizes: Sequence[int]) -> float:
+    """Accuracy over every evaluation sample of the stream after the last experience.
+
+    Avalanche's stream accuracy (``Top1_Acc_Stream``): correct predictions over all samples
+    of all experiences, so each experience weighs by its number of samples, unlike
+    :func:`final_average_accuracy`, the unweighted mean over experiences.
+
+    Args:
+        acc: (T, T) accuracy matrix.
+        sizes: (T,) evaluation samples per experience.
+    """
+    matrix = _as_matrix(acc)
+    weights = np.asarray(sizes, dtype=np.float64)
+    if weights.shape != (len(matrix),) or (weights < 0).any() or weights.sum() == 0:
+        raise ValueError(f"sizes must hold {len(matrix)} counts >= 0, not all zero; got {list(sizes)}")
+    return float(matrix[-1] @ weights / weights.sum())
+
+
 def learning_accuracy(acc: Sequence[Sequence[float]] | np.ndarray) -> float:
     """Mean over experiences of the accuracy on each right after learning it (the diagonal).
 

@@ -28,6 +28,7 @@ from cl_streamkl.experiment.config import (
     DEVICES,
     JOINT,
     LOGGERS,
+    PAD_VARIANTS,
     STRATEGY_COMPONENTS,
     ExperimentConfig,
 )
@@ -193,10 +194,20 @@ def _parsers(defaults: ExperimentConfig | None) -> tuple[argparse.ArgumentParser
                     help="run the frozen teacher through torch.compile (faster steps after a one-off compile)")
     kl.add_argument("--pad-alpha", type=float, default=d.pad_alpha,
                     help="weight of pooled attention distillation, strategy pad (default: %(default)s)")
+    kl.add_argument("--pad-variant", choices=PAD_VARIANTS, default=d.pad_variant,
+                    help="PAD's variant: symmetric, or asymmetric (only attention taken away from where the "
+                         "teacher looked costs; the authors' headline runs) (default: %(default)s)")
     kl.add_argument("--lwf-alpha", type=float, default=d.lwf_alpha, help="LwF weight (default: %(default)s)")
     kl.add_argument("--lwf-temperature", type=float, default=d.lwf_temperature, help="(default: %(default)s)")
     kl.add_argument("--ewc-lambda", type=float, default=d.ewc_lambda, help="(default: %(default)s)")
-    kl.add_argument("--mem-size", type=int, default=d.mem_size, help="replay buffer size (default: %(default)s)")
+    kl.add_argument("--mem-size", type=int, default=d.mem_size,
+                    help="replay buffer size, balanced over experiences (class, task: over classes) "
+                         "(default: %(default)s)")
+    kl.add_argument("--mem-per-class", type=int, default=d.mem_per_class,
+                    help="class and task scenarios: keep this many images of every class seen instead of "
+                         "--mem-size in all (0: off; default: %(default)s)")
+    kl.add_argument("--mem-batch-size", type=int, default=d.mem_batch_size,
+                    help="replayed samples added to each training batch (0: --batch-size; default: %(default)s)")
 
     control = run.add_argument_group("run control")
     control.add_argument("--device", choices=DEVICES, default=d.device, help="(default: %(default)s)")

@@ -20,6 +20,8 @@ JOINT = "joint"
 ATTENTION_DISTILLATIONS = ("streamkl", "pad")
 DEFAULT_STRATEGIES = ("naive", "lwf", "streamkl", "lwf+streamkl")
 AMP_MODES = ("none", "bf16", "fp16")
+# PAD's variants (cl_streamkl.strategies.pooled_attention.PAD_VARIANTS, named here without importing torch).
+PAD_VARIANTS = ("symmetric", "asymmetric")
 # Avalanche loggers --log can add (see cl_streamkl.experiment.loggers).
 LOGGERS = ("tensorboard", "csv", "wandb")
 DEVICES = ("auto", "cpu", "cuda")
@@ -79,10 +81,13 @@ class ExperimentConfig:
     kl_backend: str = "auto"
     compile_teacher: bool = False
     pad_alpha: float = 1.0
+    pad_variant: str = "symmetric"
     lwf_alpha: float = 1.0
     lwf_temperature: float = 2.0
     ewc_lambda: float = 100.0
     mem_size: int = 100
+    mem_per_class: int = 0
+    mem_batch_size: int = 0
 
     device: str = "auto"
     amp: str = "none"
@@ -137,8 +142,12 @@ class ExperimentConfig:
             raise ValueError(f"device must be one of {DEVICES}; got {cfg.device!r}")
         if cfg.lr <= 0 or cfg.temperature <= 0 or cfg.lwf_temperature <= 0:
             raise ValueError("lr, temperature and lwf_temperature must be > 0")
-        if min(cfg.alpha, cfg.lwf_alpha, cfg.ewc_lambda, cfg.mem_size, cfg.pad_alpha) < 0:
-            raise ValueError("alpha, lwf_alpha, ewc_lambda, mem_size and pad_alpha must be >= 0")
+        if min(cfg.alpha, cfg.lwf_alpha, cfg.ewc_lambda, cfg.mem_size, cfg.mem_per_class, cfg.mem_batch_size,
+               cfg.pad_alpha) < 0:
+            raise ValueError("alpha, lwf_alpha, ewc_lambda, mem_size, mem_per_class, mem_batch_size and pad_alpha "
+                             "must be >= 0")
+        if cfg.pad_variant not in PAD_VARIANTS:
+            raise ValueError(f"pad_variant must be one of {PAD_VARIANTS}; got {cfg.pad_variant!r}")
         if not isinstance(cfg.compile_teacher, bool):
             raise ValueError(f"compile_teacher must be true or false; got {cfg.compile_teacher!r}")
         return cfg

@@ -1,4 +1,4 @@
-"""An experience-balanced replay buffer whose content is a small, restorable set of indices."""
+"""Replay buffers, balanced over experiences or over classes, whose content is a small, restorable set of indices."""
 
 from __future__ import annotations
 
@@ -77,3 +77,60 @@ class SeededExperienceBuffer(ExemplarsBuffer):
         self.max_size = int(state["max_size"])
         self.order = {int(k): v.clone() for k, v in state["order"].items()}
         self._rebuild()
+
+
+class SeededClassBuffer(SeededExperienceBuffer):
+    """Keeps the same number of samples of every class seen so far (class- and task-incremental streams).
+
+    The draws are :class:`SeededExperienceBuffer`'s: one seeded permutation of each
+    experience's sample indices; a class keeps the first samples of its label along its
+    experience's permutation, so the buffer is a seeded random subset per class and its
+    state is the same index tensors. A class is keyed by (experience, label), which also
+    separates the task scenario's per-experience labels.
+
+    Args:
+        max_size: total number of stored samples, split evenly over the classes seen (the
+            first classes get the remainder); unused when ``per_class`` is set.
+        train_datasets: the stream's training dataset per experience (with ``targets``).
+        seed: run seed; the buffer draws do not touch the global RNG.
+        per_class: when > 0, keep this many samples of every class instead (the buffer
+            grows with the classes seen).
+    """
+
+    def __init__(self, max_size: int, train_datasets: Sequence[AvalancheDataset], seed: int,
+                 per_class: int = 0) -> None:
+        if per_class < 0:
+            raise ValueError(f"per_class must be >= 0; got {per_class}")
+        super().__init__(max_size, train_datasets, seed)
+        self.per_class = per_class
+        self._labels: dict[int, torch.Tensor] = {}
+
+    def labels(self, exp_id: int) -> torch.Tensor:
+        """(n,) int64 labels of experience ``exp_id``'s training samples, read once."""
+        if exp_id not in self._labels:
+            self._labels[exp_id] = torch.as_tensor(list(self.train_datasets[exp_id].targets), dtype=torch.int64)
+        return self._labels[exp_id]
+
+    def class_quotas(self) -> dict[tuple[int, int], int]:
+        """Samples kept per stored (experience, label), in experience then label order."""
+        classes = [(exp_id, int(label)) for exp_id in sorted(self.order)
+                   for label in torch.unique(self.labels(exp_id)).tolist()]
+        if self.per_class > 0:
+            return dict.fromkeys(classes, self.per_class)
+        if not classes:
+            return {}
+        base, extra = divmod(self.max_size, len(classes))
+        return {key: base + (rank < extra) for rank, key in enumerate(classes)}
+
+    def _rebuild(self) -> None:
+        quotas = self.class_quotas()
+        parts = []
+        for exp_id, order in sorted(self.order.items()):
+            labels = self.labels(exp_id)[order]
+            keep = torch.zeros_like(order, dtype=torch.bool)
+            for label in torch.unique(labels).tolist():
+                positions = torch.nonzero(labels == label).flatten()[:quotas[(exp_id, int(label))]]
+                keep[positions] = True
+            if keep.any():
+                parts.append(self.train_datasets[exp_id].subset(order[keep].tolist()))
+        self.buffer = concat_datasets(parts)

@@ -23,6 +23,7 @@ from cl_streamkl.experiment.accuracy_matrix import (
     backward_transfer,
     final_average_accuracy,
     learning_accuracy,
+    stream_accuracy,
 )
 from cl_streamkl.experiment.checkpoint import (
     RunIdentity,
@@ -65,6 +66,8 @@ class RunResult:
         task_il_matrix: ``class`` only: (T, T) like ``accuracy_matrix`` but each
             prediction restricted to the evaluated experience's classes (Task-IL
             accuracy of the shared head); empty in other scenarios.
+        eval_sizes: evaluation samples per experience (weights of the stream accuracy;
+            empty in results written before it was recorded).
         penalties: attention-distillation penalty (StreamKL or PAD) after every training
             iteration (empty without one).
         wall_time_s: training plus evaluation time, summed over every start when resumed
@@ -81,6 +84,7 @@ class RunResult:
     class_order: list[int]
     accuracy_matrix: list[list[float]]
     task_il_matrix: list[list[float]] = field(default_factory=list)
+    eval_sizes: list[int] = field(default_factory=list)
     penalties: list[float] = field(default_factory=list)
     wall_time_s: float = 0.0
     peak_memory_mb: float = 0.0
@@ -90,6 +94,8 @@ class RunResult:
         return {
             "average_accuracy": average_accuracy_per_experience(self.accuracy_matrix),
             "final_average_accuracy": final_average_accuracy(self.accuracy_matrix),
+            "stream_accuracy": (stream_accuracy(self.accuracy_matrix, self.eval_sizes)
+                                if self.eval_sizes else None),
             "average_forgetting": average_forgetting(self.accuracy_matrix),
             "backward_transfer": backward_transfer(self.accuracy_matrix),
             "learning_accuracy": learning_accuracy(self.accuracy_matrix),
@@ -344,7 +350,9 @@ def run_experiment(
             run_loggers = build_loggers(loggers, out_dir, strategy, seed, config, resume=(strategy, seed) in finished)
             try:
                 run = _Run(config, stream, strategy, seed, data_parallel, show_progress, run_loggers)
-                result, first = RunResult(strategy, seed, list(stream.class_order), []), 0
+                result = RunResult(strategy, seed, list(stream.class_order), [],
+                                   eval_sizes=[len(dataset) for dataset in eval_sets])
+                first = 0
                 if (strategy, seed) in finished:
                     result, first = run.restore(load_checkpoint(ckpt, run.identity))
                 results.append(run.train(result, first, ckpt, eval_sets, log, warn))

@@ -14,7 +14,7 @@ from avalanche.training.plugins import EWCPlugin, LwFPlugin, ReplayPlugin, Super
 from cl_streamkl.distributed import unwrap_data_parallel
 from cl_streamkl.experiment.config import ExperimentConfig, strategy_components
 from cl_streamkl.experiment.data.stream import ExperienceStream
-from cl_streamkl.experiment.replay_buffer import SeededExperienceBuffer
+from cl_streamkl.experiment.replay_buffer import SeededClassBuffer, SeededExperienceBuffer
 from cl_streamkl.experiment.sharded_loaders import ShardedReplayDataLoader
 
 
@@ -68,7 +68,7 @@ def build_plugins(
 
     naive → none; lwf → :class:`DataParallelLwFPlugin`; ewc → :class:`DataParallelEWCPlugin`
     (separate penalties per experience); replay → :class:`ShardedReplayPlugin` over a
-    :class:`SeededExperienceBuffer`;
+    :class:`SeededClassBuffer` (``domain``: a :class:`SeededExperienceBuffer`);
     wa → :class:`~cl_streamkl.strategies.weight_aligning.WeightAlignPlugin`;
     streamkl → :class:`~cl_streamkl.strategies.StreamKLPlugin`; pad →
     :class:`~cl_streamkl.strategies.PADPlugin`. Combinations such as ``lwf+streamkl``
@@ -88,8 +88,11 @@ def build_plugins(
     components = strategy_components(strategy, config.scenario)
     plugins: dict[str, SupervisedPlugin] = {}
     if "replay" in components:
-        buffer = SeededExperienceBuffer(config.mem_size, stream.train, seed)
-        plugins["replay"] = ShardedReplayPlugin(mem_size=config.mem_size, storage_policy=buffer)
+        # Every experience of the domain scenario holds every class: balance over experiences there.
+        buffer = (SeededExperienceBuffer(config.mem_size, stream.train, seed) if config.scenario == "domain" else
+                  SeededClassBuffer(config.mem_size, stream.train, seed, per_class=config.mem_per_class))
+        plugins["replay"] = ShardedReplayPlugin(mem_size=config.mem_size, storage_policy=buffer,
+                                                batch_size_mem=config.mem_batch_size or None)
     if "wa" in components:
         from cl_streamkl.strategies import WeightAlignPlugin
 
@@ -108,5 +111,5 @@ def build_plugins(
     if "pad" in components:
         from cl_streamkl.strategies import PADPlugin
 
-        plugins["pad"] = PADPlugin(alpha=config.pad_alpha, layers=config.layers)
+        plugins["pad"] = PADPlugin(alpha=config.pad_alpha, layers=config.layers, variant=config.pad_variant)
     return plugins

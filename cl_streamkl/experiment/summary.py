@@ -12,8 +12,8 @@ from cl_streamkl.experiment.statistics import mean_std
 if TYPE_CHECKING:
     from cl_streamkl.experiment.runner import RunResult
 
-SCALAR_METRICS = ("final_average_accuracy", "average_forgetting", "backward_transfer", "learning_accuracy",
-                  "final_task_il_accuracy")
+SCALAR_METRICS = ("final_average_accuracy", "stream_accuracy", "average_forgetting", "backward_transfer",
+                  "learning_accuracy", "final_task_il_accuracy")
 # The scenario's own accuracy, as the field names it (van de Ven et al. 2022).
 ACCURACY_TITLES = {"class": "Class-IL acc (%)", "task": "Task-IL acc (%)", "domain": "Domain-IL acc (%)"}
 # (key in the summary, table header, formatting scale): accuracies shown in percent.

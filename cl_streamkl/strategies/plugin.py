@@ -239,17 +239,20 @@ class PADPlugin(AttentionDistillationPlugin, supports_distributed=True):
         streaming: True: pool the attention without materialising the maps; False:
             materialise them; "auto" (default): stream when a map would hold more than
             :data:`~cl_streamkl.strategies.pooled_attention.STREAMING_THRESHOLD` entries.
+        variant: ``"symmetric"`` or ``"asymmetric"`` (the authors' headline variant, see
+            :mod:`~cl_streamkl.strategies.pooled_attention`).
     """
 
     state_format = "cl_streamkl.PADPlugin/2"
     previous_state_format = "cl_streamkl.PADPlugin/1"
 
     def __init__(self, alpha: float = 1.0, layers: LayerSpec = "all",
-                 compile_teacher: bool | Mapping[str, Any] = False, streaming: bool | str = "auto") -> None:
+                 compile_teacher: bool | Mapping[str, Any] = False, streaming: bool | str = "auto",
+                 variant: str = "symmetric") -> None:
         super().__init__(PooledAttentionDistiller(alpha=alpha, layers=layers, compile_teacher=compile_teacher,
-                                                  streaming=streaming))
+                                                  streaming=streaming, variant=variant))
 
     def __repr__(self) -> str:
         d = self.distiller
-        return (f"PADPlugin(alpha={d.alpha}, layers={d.layers!r}, compile_teacher={d.compile_options is not None}, "
-                f"streaming={d.streaming!r})")
+        return (f"PADPlugin(alpha={d.alpha}, layers={d.layers!r}, variant={d.variant!r}, "
+                f"compile_teacher={d.compile_options is not None}, streaming={d.streaming!r})")

@@ -1,11 +1,24 @@
 """Pooled attention distillation (PAD; Pelosin et al. 2022), the published attention loss StreamKL is compared with.
 
-PAD materialises both attention maps, A = softmax(q kᵀ · scale), shape (B, H, Nq, Nk);
-squares them (the authors' symmetric variant: a softmax row always sums to 1, so pooling
-the plain map along keys would carry no information); pools each map along queries
-(height) and along keys (width), PODNet-style; concatenates the pooled vectors of all
-heads per sample; L2-normalises them; and takes the Euclidean (Frobenius) distance
-between teacher and student per sample, averaged over the batch.
+PAD pools each attention map A = softmax(q kᵀ · scale), shape (B, H, Nq, Nk), to one vector
+per sample, L2-normalises it and compares teacher and student per sample; the penalty is the
+mean over the batch. Two variants, after the authors' ``olwf_asym.py``
+(srvCodes/continual_learning_with_vit):
+
+- ``symmetric`` (their ``--sym``, pooled ``spatial``): the squared maps (a softmax row
+  always sums to 1, so pooling the plain map along keys would carry no information),
+  pooled along queries (height) and along keys (width) PODNet-style, all heads
+  concatenated; the penalty is ‖t − s‖₂, attention moving anywhere costs.
+- ``asymmetric`` (their headline runs, pooled along ``height``): the maps summed over
+  queries, one value per key and head, normalised; the penalty is ‖ReLU(t − s)‖₂, so
+  only attention the student takes away from where the teacher looked costs, and new
+  attention is free. The authors' code also offers normalising after the ReLU (its
+  default): the L2 norm of a normalised vector is 1 whatever the input, so that form's
+  gradient vanishes and it adds a constant; the normalise-then-ReLU form used here is
+  their ``--after-norm`` path and ``olwf_asym_original.py``'s formula.
+
+The authors record the scaled scores before the softmax; the project pools the softmax
+maps (what StreamKL distils) for both variants.
 
 Materialised, its memory is O(B·H·Nq·Nk), which suits short token counts only. Streamed
 (``streaming=True``, or ``"auto"`` when a map would hold more than :data:`STREAMING_THRESHOLD`
@@ -25,10 +38,12 @@ from cl_streamkl.capture import LayerSpec
 from cl_streamkl.pooled_attention import pooled_attention
 from cl_streamkl.strategies.distiller import AttentionDistiller
 
-__all__ = ["STREAMING_THRESHOLD", "PooledAttentionDistiller", "pooled_attention_distance"]
+__all__ = ["PAD_VARIANTS", "STREAMING_THRESHOLD", "PooledAttentionDistiller", "pooled_attention_distance",
+           "pooled_maps_distance"]
 
+PAD_VARIANTS = ("symmetric", "asymmetric")
 # Attention-map entries (B·H·Nq·Nk) above which streaming="auto" streams: 64 MiB per float32
-# map. ViT-B at 197 tokens and batch 32 (14.9 M) stays materialised.
+# map. ViT-B at 197 tokens and batch 32 (14.9 M entries) stays materialised.
 STREAMING_THRESHOLD = 2**24
 
 
@@ -43,16 +58,59 @@ def _check_streaming(streaming: object) -> bool | str:
     raise ValueError(f"streaming must be True, False or 'auto', got {streaming!r}")
 
 
-def _pooled_attention(q: torch.Tensor, k: torch.Tensor, scale: float, streaming: bool | str) -> torch.Tensor:
-    """(B, H, Nq, D), (B, H, Nk, D) → (B, H·(Nk + Nq)) L2-normalised pooled squared attention."""
+def _check_variant(variant: object) -> str:
+    if variant not in PAD_VARIANTS:
+        raise ValueError(f"variant must be one of {PAD_VARIANTS}; got {variant!r}")
+    return variant  # type: ignore[return-value]
+
+
+def _pool_maps(maps: torch.Tensor, variant: str) -> torch.Tensor:
+    """(B, H, Nq, Nk) maps → (B, H, Nk + Nq) (symmetric) or (B, H, Nk) (asymmetric) pooled values."""
+    if variant == "symmetric":
+        squared = maps.square()
+        return torch.cat([squared.sum(dim=-2), squared.sum(dim=-1)], dim=-1)
+    return maps.sum(dim=-2)
+
+
+def _distance(teacher: torch.Tensor, student: torch.Tensor, variant: str) -> torch.Tensor:
+    """(B, H, P) pooled values of both → the batch mean of the per-sample distance of the normalised vectors."""
+    difference = F.normalize(teacher.flatten(1), dim=1) - F.normalize(student.flatten(1), dim=1)
+    if variant == "asymmetric":
+        difference = torch.relu(difference)
+    return difference.norm(dim=1).mean()
+
+
+def pooled_maps_distance(teacher_maps: torch.Tensor, student_maps: torch.Tensor,
+                         variant: str = "symmetric") -> torch.Tensor:
+    """PAD between two materialised attention maps of one block.
+
+    Args:
+        teacher_maps, student_maps: (B, H, Nq, Nk) attention maps, same shape.
+        variant: ``"symmetric"`` or ``"asymmetric"`` (see the module's docstring).
+
+    Returns:
+        A 0-dim tensor in the maps' dtype: mean over the batch of ‖t̂ − ŝ‖₂
+        (symmetric) or ‖ReLU(t̂ − ŝ)‖₂ (asymmetric), with t̂, ŝ the normalised pooled maps.
+
+    Raises:
+        ValueError: unknown variant, or maps that are not 4-D of the same shape.
+    """
+    _check_variant(variant)
+    if teacher_maps.dim() != 4 or teacher_maps.shape != student_maps.shape:
+        raise ValueError(f"teacher_maps {tuple(teacher_maps.shape)} and student_maps {tuple(student_maps.shape)} "
+                         "must be 4-D (B, H, Nq, Nk) of the same shape")
+    return _distance(_pool_maps(teacher_maps, variant), _pool_maps(student_maps, variant), variant)
+
+
+def _pooled_attention(q: torch.Tensor, k: torch.Tensor, scale: float, streaming: bool | str,
+                      variant: str) -> torch.Tensor:
+    """(B, H, Nq, D), (B, H, Nk, D) → :func:`_pool_maps` of the float32 softmax attention."""
     if streaming == "auto":
         streaming = q.size(0) * q.size(1) * q.size(2) * k.size(2) > STREAMING_THRESHOLD
-    if streaming:
-        pooled = torch.cat(pooled_attention(q, k, scale=scale), dim=-1)
-    else:
-        attention = torch.softmax(q.float() @ k.float().transpose(-2, -1) * scale, dim=-1).square()
-        pooled = torch.cat([attention.sum(dim=-2), attention.sum(dim=-1)], dim=-1)
-    return F.normalize(pooled.flatten(1), dim=1)
+    if not streaming:
+        return _pool_maps(torch.softmax(q.float() @ k.float().transpose(-2, -1) * scale, dim=-1), variant)
+    per_key, per_row = pooled_attention(q, k, scale=scale, squared=variant == "symmetric")
+    return torch.cat([per_key, per_row], dim=-1) if variant == "symmetric" else per_key
 
 
 def pooled_attention_distance(
@@ -64,6 +122,7 @@ def pooled_attention_distance(
     scale: float | None = None,
     teacher_scale: float | None = None,
     streaming: bool | str = "auto",
+    variant: str = "symmetric",
 ) -> torch.Tensor:
     """PAD between the teacher's and the student's attention of one block.
 
@@ -74,16 +133,18 @@ def pooled_attention_distance(
         streaming: True: pool without materialising the maps (:func:`cl_streamkl.pooled_attention`,
             Triton kernels on CUDA); False: materialise them in float32; "auto": stream when a map
             holds more than :data:`STREAMING_THRESHOLD` entries.
+        variant: ``"symmetric"`` or ``"asymmetric"`` (see :func:`pooled_maps_distance`).
 
     Returns:
-        A 0-dim float32 tensor: mean over the batch of ‖â_teacher − â_student‖₂, with â
-        the normalised pooled maps; differentiable w.r.t. every input that requires grad.
+        A 0-dim float32 tensor, :func:`pooled_maps_distance` of the two softmax maps;
+        differentiable w.r.t. every input that requires grad.
 
     Raises:
-        ValueError: the inputs are not 4-D or their batch, heads or lengths differ, or
-            ``streaming`` is not True, False or "auto".
+        ValueError: the inputs are not 4-D, their batch, heads or lengths differ,
+            ``streaming`` is not True, False or "auto", or the variant is unknown.
     """
     _check_streaming(streaming)
+    _check_variant(variant)
     tensors = {"q": q, "k": k, "q_teacher": q_teacher, "k_teacher": k_teacher}
     for name, tensor in tensors.items():
         if not isinstance(tensor, torch.Tensor) or tensor.dim() != 4:
@@ -93,10 +154,11 @@ def pooled_attention_distance(
             f"student q {tuple(q.shape)} / k {tuple(k.shape)} and teacher q {tuple(q_teacher.shape)} / "
             f"k {tuple(k_teacher.shape)} must share batch, heads and lengths"
         )
-    student = _pooled_attention(q, k, q.shape[-1] ** -0.5 if scale is None else scale, streaming)
+    student = _pooled_attention(q, k, q.shape[-1] ** -0.5 if scale is None else scale, streaming, variant)
     teacher = _pooled_attention(q_teacher, k_teacher,
-                                q_teacher.shape[-1] ** -0.5 if teacher_scale is None else teacher_scale, streaming)
-    return (teacher - student).norm(dim=1).mean()
+                                q_teacher.shape[-1] ** -0.5 if teacher_scale is None else teacher_scale,
+                                streaming, variant)
+    return _distance(teacher, student, variant)
 
 
 class PooledAttentionDistiller(AttentionDistiller):
@@ -112,14 +174,19 @@ class PooledAttentionDistiller(AttentionDistiller):
         compile_teacher: as for the distiller.
         streaming: as for :func:`pooled_attention_distance`. An execution choice (the value
             is the same up to rounding): not part of :meth:`state_dict`.
+        variant: ``"symmetric"`` or ``"asymmetric"`` (see :func:`pooled_maps_distance`).
     """
 
-    state_format = "cl_streamkl.PooledAttentionDistiller/1"
+    state_format = "cl_streamkl.PooledAttentionDistiller/2"
+    # Written before the asymmetric variant existed: symmetric.
+    previous_state_format = "cl_streamkl.PooledAttentionDistiller/1"
 
     def __init__(self, alpha: float = 1.0, layers: LayerSpec = "all",
-                 compile_teacher: bool | Mapping[str, Any] = False, streaming: bool | str = "auto") -> None:
+                 compile_teacher: bool | Mapping[str, Any] = False, streaming: bool | str = "auto",
+                 variant: str = "symmetric") -> None:
         super().__init__(alpha=alpha, layers=layers, compile_teacher=compile_teacher)
         self.streaming = _check_streaming(streaming)
+        self.variant = _check_variant(variant)
 
     def layer_penalties(
         self, problems: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Any, Any]]
@@ -127,15 +194,22 @@ class PooledAttentionDistiller(AttentionDistiller):
         """One PAD value per distilled block, (L,) float32."""
         return torch.stack([
             pooled_attention_distance(q, k, q_t, k_t, scale=scale, teacher_scale=teacher_scale,
-                                      streaming=self.streaming)
+                                      streaming=self.streaming, variant=self.variant)
             for q, k, q_t, k_t, scale, teacher_scale in problems
         ])
 
     def _config(self) -> dict[str, Any]:
         return {"alpha": self.alpha,
-                "layers": list(self.layers) if isinstance(self.layers, (list, tuple)) else self.layers}
+                "layers": list(self.layers) if isinstance(self.layers, (list, tuple)) else self.layers,
+                "variant": self.variant}
+
+    def load_state_dict(self, state: dict[str, Any], model: torch.nn.Module | None = None) -> None:
+        """As the distiller's; a state of the previous format restores into a symmetric distiller."""
+        if isinstance(state, dict) and state.get("format") == self.previous_state_format:
+            state = {**state, "format": self.state_format, "config": {**state["config"], "variant": "symmetric"}}
+        super().load_state_dict(state, model)
 
     def __repr__(self) -> str:
-        return (f"PooledAttentionDistiller(alpha={self.alpha}, layers={self.layers!r}, "
+        return (f"PooledAttentionDistiller(alpha={self.alpha}, layers={self.layers!r}, variant={self.variant!r}, "
                 f"compile_teacher={self.compile_options is not None}, streaming={self.streaming!r}, "
                 f"teacher_updates={self.teacher_updates})")

@@ -1,4 +1,4 @@
-"""The efficacy study end to end on a tiny configuration, in process: sweep, choice, test, report."""
+"""The efficacy study end to end on a tiny configuration, in process: plan, tuning in parts, test, report, resume."""
 
 from __future__ import annotations
 
@@ -7,39 +7,88 @@ import json
 import pytest
 
 efficacy = pytest.importorskip("efficacy")
+efficacy_plan = pytest.importorskip("_harness.efficacy_plan")
+
+
+def test_every_method_gets_the_same_number_of_settings():
+    plan = efficacy_plan.make_plan("long", [100, 101], [200, 201])
+    sizes = {len(family["grid"]) for part in plan["scenarios"].values() for family in part["tuning"].values()}
+    assert sizes == {efficacy_plan.SETTINGS_PER_METHOD}
+    assert plan["tokens"] == 1025 and efficacy_plan.make_plan("long4097", [1, 2], [3, 4])["tokens"] == 4097
+    assert efficacy_plan.fingerprint(plan) == efficacy_plan.fingerprint(json.loads(json.dumps(plan)))
+    assert efficacy_plan.fingerprint(efficacy_plan.make_plan("long", [100, 102], [200, 201])) != (
+        efficacy_plan.fingerprint(plan))
+
+
+def test_a_costly_regime_takes_the_settings_chosen_at_1025_tokens():
+    chosen = {"lwf": {"lwf_alpha": 4.0, "lwf_temperature": 2.0}, "streamkl": {"alpha": 1.0}}
+    report = {"plan_fingerprint": "f" * 16, "scenarios": {
+        "class": {"chosen": None}, "task": {"chosen": chosen}, "domain": {"chosen": None}}}
+    plan = efficacy_plan.make_plan("long4097", [100, 101], [200, 201], strategies=["lwf", "lwf+streamkl"],
+                                   settings_from=report)
+    assert list(plan["scenarios"]) == ["task"] and plan["scenarios"]["task"]["test"] == {"": ["lwf", "lwf+streamkl"]}
+    assert efficacy_plan.tuning_units(plan, "task") == [] and efficacy_plan.tuning_units(plan, "class") == []
+    tables, complete = efficacy_plan.choose(plan, "task", {})
+    assert complete and {name: t["chosen"] for name, t in tables.items()} == chosen
+    units = efficacy_plan.test_units(plan, "task", chosen)
+    assert len(units) == 4 and dict(units[0].overrides)["lwf_alpha"] == 4.0
 
 
 @pytest.mark.slow
 def test_efficacy_study_tiny(tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(efficacy.REGIMES, "short", {
-        "dataset": "digits", "image_size": 8, "patch_size": 4, "epochs": 1, "batch_size": 64, "amp": "none",
+    monkeypatch.setitem(efficacy_plan.REGIMES, "short", {
+        "dataset": "digits", "image_size": 16, "patch_size": 8, "epochs": 1, "batch_size": 64, "amp": "none",
         "model_kwargs": {"depth": 1, "embed_dim": 16, "num_heads": 2}})
-    monkeypatch.setitem(efficacy.SWEEP_GRIDS, "short", ((10.0, "all", 0.5), (1.0, 1, 1.0)))
-    monkeypatch.setitem(efficacy.SCENARIO_OPTIONS, "domain", {"n_experiences": 2, "rotation_step": 90.0})
-    report_path = tmp_path / "report.json"
-    assert efficacy.main(["--regime", "short", "--workers", "0", "--scenarios", "domain", "--seeds", "0", "1",
-                          "--sweep-seeds", "7", "--strategies", "naive", "streamkl", "pad",
-                          "--out", str(tmp_path / "runs"), "--json", str(report_path)]) == 0
+    # Fewer methods than the study, each with the study's machinery: tuning, choice, replay arms, pairs.
+    monkeypatch.setitem(efficacy_plan.TUNED, "class", ("lwf", "pad", "replay"))
+    monkeypatch.setitem(efficacy_plan.TESTED, "class", {"": ("lwf", "lwf+streamkl", "lwf+pad"),
+                                                        "mem20pc": ("replay", "replay+streamkl")})
+    report_path, out, archive = tmp_path / "report.json", tmp_path / "runs", tmp_path / "units.tar.gz"
+    common = ["--regime", "short", "--workers", "0", "--scenarios", "class", "--val-seeds", "7", "8",
+              "--seeds", "0", "1", "--settings-per-method", "2", "--json", str(report_path)]
+
+    # A first part: three tuning units; the plan is in the report before anything ran.
+    assert efficacy.main([*common, "--out", str(out), "--part", "tune", "--max-units", "3"]) == 0
     report = json.loads(report_path.read_text())
-    part = report["scenarios"]["domain"]
-    assert [row["alpha"] for row in part["sweep"]] == [10.0, 1.0]
-    best = max(part["sweep"], key=lambda row: row["objective"])
-    assert part["chosen"] == {k: best[k] for k in ("alpha", "layers", "temperature")}
-    assert set(part["table"]) == {"naive", "streamkl", "pad"}
-    assert part["table"]["naive"]["seeds"] == [0, 1] and "task_il_acc" not in part["table"]["naive"]
-    assert {(e["strategy"], e["baseline"]) for e in part["paired"]} == {
-        ("streamkl", "naive"), ("streamkl", "pad"), ("pad", "naive")}
-    assert all(e["n"] == 2 for e in part["paired"])
-    printed = capsys.readouterr().out
-    assert "### domain-incremental (5 tokens" in printed and "| streamkl − naive |" in printed
-    assert efficacy.main(["--tables", str(report_path), str(report_path)]) == 0
+    assert report["units"] == {"tune": [3, 44], "test": [0, 42]}
+    assert report["plan"]["val_seeds"] == [7, 8] and report["scenarios"]["class"]["chosen"] is None
+    assert efficacy.main([*common, "--out", str(out), "--part", "test"]) == 2
+    assert "tuning of scenario class is not finished" in capsys.readouterr().err
+    # Past the time limit nothing starts.
+    assert efficacy.main([*common, "--out", str(out), "--time-limit", "1e-9"]) == 0
+    assert json.loads(report_path.read_text())["units"]["tune"] == [3, 44]
+
+    monkeypatch.setattr(efficacy, "ARCHIVE_PART_BYTES", 2**12)  # so the archive comes in parts
+    assert efficacy.main([*common, "--out", str(out), "--archive", str(archive)]) == 0
+    assert (tmp_path / "units.tar.gz.1").is_file()
+    report = json.loads(report_path.read_text())
+    part = report["scenarios"]["class"]
+    assert report["units"]["tune"][0] == 12 and report["units"]["test"][0] == 10
+    for family, table in part["tuning"].items():
+        assert len(table["rows"]) == 2 and all(len(row["per_seed"]) == 2 for row in table["rows"])
+        best = max(table["rows"], key=lambda row: row["mean"])
+        assert table["chosen"] == best["setting"] == part["chosen"][family]
+    assert set(part["table"]) == {"lwf", "lwf+streamkl", "lwf+pad", "replay (mem20pc)", "replay+streamkl (mem20pc)"}
+    run = next(r for r in part["runs"] if r["label"] == "replay (mem20pc)")
+    assert len(run["accuracy_matrix"]) == 3 and len(run["eval_sizes"]) == 3 and run["task_il_matrix"]
+    last = run["accuracy_matrix"][-1]
+    assert run["stream_accuracy"] == pytest.approx(
+        sum(a * n for a, n in zip(last, run["eval_sizes"])) / sum(run["eval_sizes"]))
+    pairs = {(e["strategy"], e["baseline"], e["metric"]): e for e in part["paired"]}
+    assert ("lwf+streamkl", "lwf+pad", "forgetting") in pairs
+    entry = pairs[("replay+streamkl (mem20pc)", "replay (mem20pc)", "stream_accuracy")]
+    assert entry["n"] == 2 and len(entry["differences"]) == 2 and entry["p_holm"] >= entry["p_value"]
+    assert pairs[("lwf+pad", "lwf", "learning_accuracy")]["p_holm"] is None  # outside Holm's family
+
+    # The grid is fixed once the study has started.
+    assert efficacy.main([*common, "--out", str(out), "--settings-per-method", "1"]) == 2
+    assert "another plan" in capsys.readouterr().err
+    # Another machine continues from the archive: every unit is found, nothing trains.
+    before = report_path.read_text()
+    assert efficacy.main([*common, "--out", str(tmp_path / "elsewhere"), "--from-archive", str(archive)]) == 0
+    assert json.loads(report_path.read_text())["scenarios"] == json.loads(before)["scenarios"]
+    capsys.readouterr()
+    assert efficacy.main(["--tables", str(report_path)]) == 0
     tables = capsys.readouterr().out
-    assert "**domain-incremental**" in tables and "| strategy | acc, 5 tok. |" in tables
-    assert tables.count("| streamkl − naive |") == 1 and "forgetting, 5 tok." in tables
-    # a second start finds every unit done and trains nothing
-    units = sorted((tmp_path / "runs" / "units").iterdir())
-    stamps = [u.stat().st_mtime_ns for u in units]
-    assert efficacy.main(["--regime", "short", "--workers", "0", "--scenarios", "domain", "--seeds", "0", "1",
-                          "--sweep-seeds", "7", "--strategies", "naive", "streamkl", "pad",
-                          "--out", str(tmp_path / "runs")]) == 0
-    assert [u.stat().st_mtime_ns for u in units] == stamps
+    assert "**class-incremental**" in tables and "| lwf+streamkl − lwf |" in tables
+    assert "| method (5 tokens)" in tables

@@ -107,7 +107,7 @@ def test_every_scenario_end_to_end(tmp_path, capsys, scenario, strategies, accur
                 "task": [("streamkl", "naive"), ("lwf+pad", "lwf"), ("replay+streamkl", "replay")],
                 "domain": [("streamkl", "naive"), ("pad", "naive"), ("streamkl", "pad")]}[scenario]
     assert {(s, b) for s, b, _ in pairs} == set(expected)
-    entry = pairs[(*expected[0], "final_avg_acc")]
+    entry = pairs[(*expected[0], "mean_experience_accuracy")]
     by_seed = {(r["strategy"], r["seed"]): r["final_average_accuracy"] for r in results["runs"]}
     diffs = [100 * (by_seed[(expected[0][0], s)] - by_seed[(expected[0][1], s)]) for s in (0, 1)]
     assert entry["n"] == 2 and entry["mean_diff"] == pytest.approx(sum(diffs) / 2)

@@ -17,7 +17,7 @@ from cl_streamkl.experiment.checkpoint import RunIdentity, load_checkpoint, rng_
 from cl_streamkl.experiment.config import ExperimentConfig, strategy_components
 from cl_streamkl.experiment.model import build_model
 from cl_streamkl.experiment.plugin_state import load_plugin_state, plugin_state
-from cl_streamkl.experiment.replay_buffer import SeededExperienceBuffer
+from cl_streamkl.experiment.replay_buffer import SeededClassBuffer, SeededExperienceBuffer
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +50,29 @@ def test_replay_buffer_balances_experiences_and_restores_exactly(stream):
     assert torch.equal(state, torch.get_rng_state())
     buffer.resize(None, 8)
     assert len(buffer.buffer) == 8 and buffer.quotas() == {0: 2, 1: 2, 2: 2, 3: 2}
+
+
+def _buffer_labels(buffer) -> list[int]:
+    return [int(buffer.buffer[i][1]) for i in range(len(buffer.buffer))]
+
+
+def test_class_buffer_keeps_as_many_of_every_class_and_restores_exactly(stream):
+    per_class = SeededClassBuffer(0, stream.train, seed=3, per_class=4)
+    total = SeededClassBuffer(10, stream.train, seed=3)
+    for exp_id in range(3):
+        for buffer in (per_class, total):
+            buffer.post_adapt(None, SimpleNamespace(current_experience=exp_id))
+    classes = sum(stream.experience_classes[:3], [])
+    assert sorted(_buffer_labels(per_class)) == sorted(classes * 4)
+    counts = [_buffer_labels(total).count(c) for c in classes]
+    assert len(classes) == 6 and sorted(counts) == [1, 1, 2, 2, 2, 2]  # 10 = 6 + 4 remainder
+    restored = SeededClassBuffer(0, stream.train, seed=999, per_class=4)
+    restored.load_state_dict(torch.load(_roundtrip(per_class.state_dict()), weights_only=True))
+    for i in (0, 5, len(per_class.buffer) - 1):
+        torch.testing.assert_close(restored.buffer[i][0], per_class.buffer[i][0])
+    other_seed = SeededClassBuffer(0, stream.train, seed=4, per_class=4)
+    other_seed.post_adapt(None, SimpleNamespace(current_experience=0))
+    assert not all(torch.equal(other_seed.buffer[i][0], per_class.buffer[i][0]) for i in range(8))
 
 
 def test_replay_buffer_update_is_not_avalanches_deprecated_one(stream):

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from cl_streamkl.experiment.runner import RunResult
+from cl_streamkl.experiment.accuracy_matrix import stream_accuracy
 from cl_streamkl.experiment.statistics import (
-    comparison_pairs, format_paired, mean_std, paired_comparisons, t_interval,
+    comparison_pairs, format_paired, holm_adjust, mean_std, paired_comparisons, paired_t_test, t_interval,
 )
 
 
@@ -42,7 +43,7 @@ def test_paired_comparisons_by_hand():
     results += [_result("streamkl", s, v) for s, v in streamkl.items()]
     results.append(_result("streamkl", 9, 0.5))  # no naive run with seed 9: left out of the pairs
     entries = {e["metric"]: e for e in paired_comparisons(results)}
-    final = entries["final_avg_acc"]
+    final = entries["mean_experience_accuracy"]
     assert (final["strategy"], final["baseline"], final["n"]) == ("streamkl", "naive", 3)
     # final average accuracy = (acc on exp 0 + 1.0) / 2, so its differences are halved: 2.5, 5, 1
     mean, low, high = t_interval([2.5, 5.0, 1.0])
@@ -50,7 +51,36 @@ def test_paired_comparisons_by_hand():
     assert final["ci95"] == [pytest.approx(low), pytest.approx(high)]
     forgetting = entries["forgetting"]
     assert forgetting["mean_diff"] == pytest.approx(-17 / 3)  # less forgetting is negative
-    assert set(entries) == {"final_avg_acc", "forgetting", "learning_acc"}  # no Task-IL matrix recorded
-    assert set(final) == {"strategy", "baseline", "metric", "mean_diff", "ci95", "n"}
+    # no Task-IL matrix and no evaluation sizes recorded
+    assert set(entries) == {"mean_experience_accuracy", "forgetting", "learning_accuracy"}
+    assert final["seeds"] == [0, 1, 2] and final["differences"] == pytest.approx([2.5, 5.0, 1.0])
+    # t = mean / (sd / sqrt(3)) with sd = sqrt(49/12): t = 17/7; on 2 degrees of freedom the
+    # two-sided p is 1 - t / sqrt(t^2 + 2)
+    t = 17 / 7
+    assert final["p_value"] == pytest.approx(1 - t / (t * t + 2) ** 0.5)
     text = format_paired(list(entries.values()))
-    assert "streamkl - naive  final_avg_acc" in text and "(n=3)" in text and "learning_acc" not in text
+    assert "streamkl - naive  mean_experience_accuracy" in text and "(n=3)" in text and "learning" not in text
+
+
+def test_paired_t_test_edge_cases():
+    assert paired_t_test([1.0]) is None
+    assert paired_t_test([2.0, 2.0]) == 0.0 and paired_t_test([0.0, 0.0, 0.0]) == 1.0
+
+
+def test_holm_adjust_by_hand():
+    # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1 = 0.02, 0.03, 0.06, 0.04 -> running max 0.06
+    assert holm_adjust([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    # values above 1 are capped; untested entries stay out of the family
+    assert holm_adjust([0.5, None, 0.2]) == [pytest.approx(0.5), None, pytest.approx(0.4)]
+    assert holm_adjust([0.6, 0.7]) == [pytest.approx(1.0), pytest.approx(1.0)]
+    assert holm_adjust([]) == []
+
+
+def test_stream_accuracy_weighs_experiences_by_their_samples():
+    matrix = [[0.9, 0.0], [0.5, 1.0]]
+    assert stream_accuracy(matrix, [100, 300]) == pytest.approx((50 + 300) / 400)
+    sized = RunResult("naive", 0, [0, 1], matrix, eval_sizes=[100, 300])
+    assert sized.metrics()["stream_accuracy"] == pytest.approx(0.875)
+    assert sized.metrics()["final_average_accuracy"] == pytest.approx(0.75)
+    with pytest.raises(ValueError, match="sizes"):
+        stream_accuracy(matrix, [1])

@@ -7,11 +7,12 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from cl_streamkl.strategies import PADPlugin, PooledAttentionDistiller
 from cl_streamkl.strategies import pooled_attention as pad_module
-from cl_streamkl.strategies.pooled_attention import pooled_attention_distance
+from cl_streamkl.strategies.pooled_attention import pooled_attention_distance, pooled_maps_distance
 from cl_streamkl.strategies.weight_aligning import WeightAlignPlugin, align_weights
 
 
@@ -128,6 +129,104 @@ def test_streaming_option_of_the_distiller_and_the_plugin():
     for make in (PooledAttentionDistiller, PADPlugin):
         with pytest.raises(ValueError, match="streaming must be True, False or 'auto', got 'yes'"):
             make(streaming="yes")
+
+
+def _authors_layer_loss(a, b, sym: bool, after_norm: bool = True):
+    """``asymmetric_headwise_loss`` of olwf_asym.py for one block, line by line (a: old maps, b: new maps).
+
+    ``sym``: ``--sym`` with ``--pool-along spatial``; otherwise ``--pool-along height``.
+    ``after_norm=False`` is that file's default asymmetric path (normalised after the ReLU).
+    """
+    if sym:
+        a = torch.pow(a, 2)
+        b = torch.pow(b, 2)
+        a_h = a.sum(dim=2).view(a.shape[0], -1)
+        b_h = b.sum(dim=2).view(b.shape[0], -1)
+        a_w = a.sum(dim=3).view(a.shape[0], -1)
+        b_w = b.sum(dim=3).view(b.shape[0], -1)
+        a = torch.cat([a_h, a_w], dim=-1)
+        b = torch.cat([b_h, b_w], dim=-1)
+        a = F.normalize(a, dim=1, p=2)
+        b = F.normalize(b, dim=1, p=2)
+        return torch.mean(torch.linalg.vector_norm(a - b, dim=-1))
+    a = a.sum(dim=2).view(a.shape[0], -1)
+    b = b.sum(dim=2).view(b.shape[0], -1)
+    if after_norm:
+        a = F.normalize(a, dim=1, p=2)
+        b = F.normalize(b, dim=1, p=2)
+        return torch.mean(torch.linalg.vector_norm(torch.relu(a - b), dim=-1))
+    return torch.mean(torch.linalg.vector_norm(F.normalize(torch.relu(a - b), dim=1, p=2))) / 100.0
+
+
+def _random_maps(*shape: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return tuple(torch.softmax(torch.randn(*shape, generator=generator, dtype=torch.float64), dim=-1)
+                 for _ in range(2))
+
+
+@pytest.mark.parametrize("variant", ["symmetric", "asymmetric"])
+@pytest.mark.parametrize("shape", [(2, 3, 17, 17), (3, 2, 1, 5), (1, 4, 9, 7)], ids=lambda s: "-".join(map(str, s)))
+def test_pad_variants_equal_the_authors_formula_in_float64(variant, shape):
+    old, new = _random_maps(*shape, seed=sum(shape))
+    new.requires_grad_(True)
+    value = pooled_maps_distance(old, new, variant)
+    expected = _authors_layer_loss(old, new.detach(), sym=variant == "symmetric")
+    assert value.dtype == torch.float64
+    torch.testing.assert_close(value, expected, rtol=1e-12, atol=1e-14)
+    value.backward()
+    assert torch.isfinite(new.grad).all() and new.grad.abs().sum() > 0
+    assert float(pooled_maps_distance(old, old, variant)) == 0.0
+
+
+def test_asymmetric_pad_charges_only_attention_taken_away():
+    old, new = _random_maps(2, 2, 6, 6, seed=0)
+    assert float(pooled_maps_distance(old, new, "asymmetric")) > 0
+    # the student attends wherever the teacher did, and more to key 0: nothing to pay
+    more = old.clone()
+    more[..., 0] += 1.0
+    pooled_old = F.normalize(old.sum(dim=-2).flatten(1), dim=1)
+    pooled_more = F.normalize(more.sum(dim=-2).flatten(1), dim=1)
+    assert float(pooled_maps_distance(old, more, "asymmetric")) == pytest.approx(
+        float(torch.relu(pooled_old - pooled_more).norm(dim=1).mean()))
+    assert float(pooled_maps_distance(more, old, "asymmetric")) != pytest.approx(
+        float(pooled_maps_distance(old, more, "asymmetric")))
+
+
+def test_the_authors_default_asymmetric_form_is_constant():
+    # Normalised after the ReLU, every sample with a positive difference contributes norm 1:
+    # the value is sqrt(that count) / 100 and the gradient vanishes; hence the normalise-first form.
+    old, new = _random_maps(4, 2, 9, 9, seed=1)
+    new.requires_grad_(True)
+    value = _authors_layer_loss(old, new, sym=False, after_norm=False)
+    value.backward()
+    assert float(value) == pytest.approx(2 / 100) and float(new.grad.abs().max()) < 1e-15
+
+
+@pytest.mark.parametrize("streaming", [False, True], ids=["materialised", "streamed"])
+def test_asymmetric_distance_from_queries_and_keys_pools_the_softmax_maps(streaming):
+    torch.manual_seed(0)
+    q, k, q_t, k_t = (torch.randn(2, 3, 11, 8, requires_grad=True) for _ in range(4))
+    maps = [torch.softmax(a.double() @ b.double().transpose(-2, -1) / np.sqrt(8), dim=-1)
+            for a, b in ((q_t, k_t), (q, k))]
+    value = pooled_attention_distance(q, k, q_t, k_t, variant="asymmetric", streaming=streaming)
+    expected = pooled_maps_distance(*maps, "asymmetric")
+    assert value.item() == pytest.approx(expected.item(), rel=1e-5)
+    gradient, expected_gradient = (torch.autograd.grad(v, (q, k)) for v in (value, expected))
+    for got, want in zip(gradient, expected_gradient):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-7)
+    with pytest.raises(ValueError, match="variant must be one of"):
+        pooled_attention_distance(q, k, q_t, k_t, variant="height")
+
+
+def test_pad_distiller_restores_a_state_written_before_the_variants():
+    state = PooledAttentionDistiller(alpha=2.0).state_dict()
+    old = {**state, "format": PooledAttentionDistiller.previous_state_format,
+           "config": {"alpha": 2.0, "layers": "all"}}
+    PooledAttentionDistiller(alpha=2.0).load_state_dict(old)
+    with pytest.raises(ValueError, match="variant"):
+        PooledAttentionDistiller(alpha=2.0, variant="asymmetric").load_state_dict(old)
+    with pytest.raises(ValueError, match="variant must be one of"):
+        PooledAttentionDistiller(variant="sym")
 
 
 def test_pad_errors():

@@ -17,8 +17,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from avalanche.benchmarks.utils import _make_taskaware_classification_dataset
+from avalanche.benchmarks.scenarios import TaskLabels
+from avalanche.benchmarks.utils import as_classification_dataset, as_taskaware_classification_dataset
 from avalanche.benchmarks.utils.data import AvalancheDataset
+from avalanche.benchmarks.utils.flat_data import ConstantSequence
 from torch.utils.data import Dataset
 from torchvision.transforms.v2 import functional as TF
 
@@ -122,9 +124,16 @@ def _experience_dataset(
     label_map: dict[int, int] | None = None,
     shift: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> AvalancheDataset:
+    """A task-aware Avalanche classification dataset of ``(image, label, task_label)`` samples.
+
+    Built with Avalanche's public dataset helpers; task-aware, so that Avalanche's loaders and
+    plugins can split it by task (``task_set``).
+    """
     labels = [int(t) if label_map is None else label_map[int(t)] for t in base_targets[indices]]
     view = _ExperienceView(base, indices.tolist(), labels, shift)
-    return _make_taskaware_classification_dataset(view, targets=labels, task_labels=task_label)
+    task_labels = TaskLabels(ConstantSequence(task_label, len(view)))
+    return as_taskaware_classification_dataset(
+        as_classification_dataset(view).update_data_attribute("targets_task_labels", task_labels))
 
 
 def _holdout_per_class(

@@ -1,0 +1,139 @@
+"""The efficacy study's report: from the plan and the finished units to the JSON a reader can redo.
+
+The report holds the plan and its fingerprint, every tuning unit's validation score per
+seed, every test run's accuracy matrices and metrics, mean ± std per strategy, and the
+paired differences with their per-seed values, raw 95 % t-intervals, paired t-test
+p-values and Holm-adjusted p-values over the whole report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from _harness.efficacy_plan import SCENARIOS, Unit, choose, fingerprint, test_units, tuning_units
+
+DEFINITIONS = {
+    "mean_experience_accuracy": "after the last experience, the mean over the T experiences of the accuracy on each "
+                                "(unweighted)",
+    "stream_accuracy": "after the last experience, correct predictions over every evaluation sample of the stream "
+                       "(Avalanche's Top1_Acc_Stream: each experience weighs by its number of samples)",
+    "forgetting": "average forgetting (Chaudhry et al. 2018): the mean over experiences j < T of the best accuracy on "
+                  "j before the last experience minus the accuracy on j after it; not clipped; lower is better",
+    "learning_accuracy": "the mean over experiences of the accuracy on each right after learning it",
+    "task_il_accuracy": "class scenario: mean_experience_accuracy with each prediction restricted to the evaluated "
+                        "experience's classes",
+    "paired": "strategy minus baseline over the seeds both ran, in percentage points; ci95: Student-t interval, not "
+              "adjusted; p_value: two-sided paired t-test; p_holm: Holm-adjusted over every paired entry of the "
+              "report except learning_accuracy",
+}
+# Paired metrics outside Holm's family: a diagnostic (was there anything to forget?).
+OUTSIDE_FAMILY = ("learning_accuracy",)
+
+
+def _metrics(record: dict[str, Any]) -> dict[str, float | None]:
+    """A run record's metrics under the report's names (fractions)."""
+    from cl_streamkl.experiment.statistics import PAIRED_METRICS
+
+    return {name: record.get(key) for name, key in PAIRED_METRICS.items()}
+
+
+def _run_result(record: dict[str, Any]) -> Any:
+    from cl_streamkl.experiment.runner import RunResult
+
+    fields = {f.name for f in dataclasses.fields(RunResult)}
+    return RunResult(**{k: v for k, v in record.items() if k in fields})
+
+
+def _strategy_table(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per label: mean ± sample std (percent) of every metric all its seeds have, and the seeds."""
+    from cl_streamkl.experiment.statistics import PAIRED_METRICS, mean_std
+
+    table: dict[str, dict[str, Any]] = {}
+    for label in dict.fromkeys(run["label"] for run in runs):
+        mine = [run for run in runs if run["label"] == label]
+        row: dict[str, Any] = {"seeds": [run["seed"] for run in mine]}
+        for name in PAIRED_METRICS:
+            values = [run[name] for run in mine]
+            if None not in values:
+                row[name] = [100 * v for v in mean_std(values)]
+        table[label] = row
+    return table
+
+
+def _paired(scenario: str, units: Sequence[Unit], records: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Paired differences within each replay arm, labelled like the strategy table."""
+    from cl_streamkl.experiment.statistics import paired_comparisons
+
+    entries = []
+    for arm in dict.fromkeys(unit.arm for unit in units):
+        results = [_run_result(records[u.name]) for u in units if u.arm == arm and u.name in records]
+        for entry in paired_comparisons(results, scenario):
+            suffix = f" ({arm})" if arm else ""
+            entries.append({**entry, "arm": arm, "strategy": entry["strategy"] + suffix,
+                            "baseline": entry["baseline"] + suffix})
+    return entries
+
+
+def tuning_scores(plan: dict[str, Any], records: dict[str, dict[str, Any]]) -> dict[Unit, float]:
+    """Validation mean_experience_accuracy (percent) of every finished tuning unit of the plan."""
+    result = {}
+    for scenario in SCENARIOS:
+        for unit in tuning_units(plan, scenario):
+            if unit.name in records:
+                last = records[unit.name]["accuracy_matrix"][-1]
+                result[unit] = 100 * sum(last) / len(last)
+    return result
+
+
+def add_holm(report: dict[str, Any]) -> None:
+    """Set ``p_holm`` on every paired entry of the report (Holm over all but :data:`OUTSIDE_FAMILY`)."""
+    from cl_streamkl.experiment.statistics import holm_adjust
+
+    entries = [entry for part in report["scenarios"].values() for entry in part["paired"]]
+    family = [entry for entry in entries if entry["metric"] not in OUTSIDE_FAMILY]
+    for entry, adjusted in zip(family, holm_adjust([entry["p_value"] for entry in family])):
+        entry["p_holm"] = adjusted
+    for entry in entries:
+        entry.setdefault("p_holm", None)
+
+
+def build_report(plan: dict[str, Any], records: dict[str, dict[str, Any]], environment: dict[str, str]
+                 ) -> dict[str, Any]:
+    """The report of every finished unit of ``plan`` (records by unit name); parts not run yet are empty."""
+    scores = tuning_scores(plan, records)
+    report: dict[str, Any] = {
+        "regime": plan["regime"], "settings": {**plan["settings"], "tokens": plan["tokens"]},
+        "plan_fingerprint": fingerprint(plan), "plan": plan, "environment": environment,
+        "definitions": DEFINITIONS, "units": {}, "scenarios": {}}
+    tune_done = tune_total = test_done = test_total = 0
+    for scenario in plan["scenarios"]:
+        tuning, complete = choose(plan, scenario, scores)
+        tune = tuning_units(plan, scenario)
+        tune_total += len(tune)
+        tune_done += sum(unit.name in records for unit in tune)
+        part: dict[str, Any] = {"options": plan["scenarios"][scenario]["options"], "tuning": tuning,
+                                "chosen_from": plan["scenarios"][scenario].get("chosen_from", {}).get("plan"),
+                                "chosen": {name: t["chosen"] for name, t in tuning.items()} if complete else None,
+                                "runs": [], "table": {}, "paired": []}
+        test_total += sum(len(names) for names in plan["scenarios"][scenario]["test"].values()) * len(
+            plan["test_seeds"])
+        worker_s = {"tune": sum(records[u.name]["process_s"] for u in tune if u.name in records), "test": 0.0}
+        if complete:
+            units = test_units(plan, scenario, part["chosen"])
+            done = [unit for unit in units if unit.name in records]
+            test_done += len(done)
+            part["runs"] = [{"label": unit.label, "arm": unit.arm, "strategy": unit.strategy, "seed": unit.seed,
+                             **{key: records[unit.name][key] for key in (
+                                 "class_order", "accuracy_matrix", "task_il_matrix", "eval_sizes", "wall_time_s",
+                                 "peak_memory_mb")},
+                             **_metrics(records[unit.name])} for unit in done]
+            part["table"] = _strategy_table(part["runs"])
+            part["paired"] = _paired(scenario, units, records)
+            worker_s["test"] = sum(records[u.name]["process_s"] for u in done)
+        part["worker_time_s"] = worker_s
+        report["scenarios"][scenario] = part
+    report["units"] = {"tune": [tune_done, tune_total], "test": [test_done, test_total]}
+    add_holm(report)
+    return report
