@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 import time
+import typing
 from pathlib import Path
 
 import pytest
@@ -27,24 +28,30 @@ def test_every_field_is_its_flag_and_every_setting_flag_a_field():
     assert set(options) - set(fields) == CONTROL_OPTIONS
 
 
+def _sample(name: str, hint) -> tuple[object, list[str]]:
+    """A value of a field's type that is not its default, and the option's words that give it."""
+    flag = next(f.metadata["flag"] for f in dataclasses.fields(ExperimentConfig) if f.name == name)
+    if flag.choices is not None:
+        return flag.choices[-1], [str(flag.choices[-1])]
+    if name == "layers":
+        return [0, -1], ["0,-1"]
+    if name == "model_kwargs":
+        return {"depth": 2}, ["depth=2"]
+    base = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
+    if typing.get_origin(hint) is list:
+        return ([3, 4], ["3", "4"]) if typing.get_args(hint)[0] is int else (["lwf", "ewc"], ["lwf", "ewc"])
+    return {bool: (True, []), int: (3, ["3"]), float: (0.25, ["0.25"]), str: ("x", ["x"])}[base]
+
+
 def test_every_flag_reaches_its_field():
-    # one non-default value per field, given as a flag, read back from the configuration
-    values = {"dataset": "mnist5k", "scenario": "task", "data_root": "/d", "download": True, "experiences": 3,
-              "val_fraction": 0.2, "split_seed": 4, "eval_split": "val", "image_size": 16, "in_chans": 1,
-              "first_experience_classes": 2, "domain_shift": "permute", "rotation_step": 10.0, "model": "deit_tiny",
-              "model_kwargs": {"depth": 2}, "patch_size": 4, "pretrained_file": "w.pth", "epochs": 3,
-              "batch_size": 8, "eval_batch_size": 9, "lr": 0.5, "weight_decay": 0.25, "strategies": ["lwf", "ewc"],
-              "seeds": [3, 4], "alpha": 2.0, "layers": [0, -1], "temperature": 3.0, "kl_backend": "torch",
-              "compile_teacher": True, "pad_alpha": 4.0, "lwf_alpha": 5.0, "lwf_temperature": 6.0,
-              "ewc_lambda": 7.0, "mem_size": 8, "device": "cpu", "amp": "bf16", "out": "o"}
-    assert set(values) == {f.name for f in dataclasses.fields(ExperimentConfig)}
+    hints = typing.get_type_hints(ExperimentConfig)
+    samples = {f.name: _sample(f.name, hints[f.name]) for f in dataclasses.fields(ExperimentConfig)}
     argv = ["run"]
-    for name, value in values.items():
-        text = {dict: lambda v: [f"{k}={x}" for k, x in v.items()], list: lambda v: [",".join(map(str, v))]
-                if name == "layers" else list(map(str, v)), bool: lambda v: []}.get(type(value), lambda v: [str(v)])
-        argv += [flag_name(name), *text(value)]
+    for name, (value, words) in samples.items():
+        assert value != getattr(ExperimentConfig(), name), name
+        argv += [flag_name(name), *words]
     config = cli._config_from_args(cli.build_parser().parse_args(argv))
-    assert config.to_dict() == values
+    assert config.to_dict() == {name: value for name, (value, _) in samples.items()}
 
 
 @pytest.mark.parametrize("suffix, text", [
