@@ -55,8 +55,15 @@ def test_run_end_to_end(tmp_path, capsys):
     assert results["paired"] == [] and "paired differences" not in printed
     assert len(summary["accuracy_matrix"]["mean"]) == 5
 
+    # one unit per file, named in it: fractions in results.json and the CSV files, percent in summary.md
+    assert results["units"].startswith("fractions:")
+    summary_md = (out / "summary.md").read_text()
+    assert "in percent; paired differences in percentage points" in summary_md
+    assert printed[printed.index("Strategy"):printed.index("\nwrote")].strip() in summary_md
     with open(out / "results.csv") as handle:
         rows = list(csv.DictReader(handle))
+    assert float(rows[0]["final_average_accuracy_fraction"]) == pytest.approx(
+        results["runs"][0]["final_average_accuracy"])
     assert [(r["strategy"], r["seed"]) for r in rows] == [
         ("naive", "0"), ("lwf+streamkl", "0"), ("naive", "1"), ("lwf+streamkl", "1")]
     with open(out / "summary.csv") as handle:

@@ -232,3 +232,19 @@ def test_an_experience_is_judged_against_its_own_chance(scenario, classes, accur
     assert bool(warnings) == warned
     if warned:
         assert f"chance is {100 / len(classes[0]):.1f} %" in warnings[0]
+
+
+def test_the_progress_bar_shows_a_small_penalty_in_scientific_notation():
+    from types import SimpleNamespace
+
+    from cl_streamkl.experiment.progress import ProgressPlugin
+
+    plugin = ProgressPlugin("streamkl seed 0", 1, penalty_source=SimpleNamespace(last_penalty=1e-4))
+    strategy = SimpleNamespace(experience=SimpleNamespace(current_experience=0), train_epochs=1, dataloader=[0],
+                               loss=torch.tensor(0.5))
+    plugin.before_training_exp(strategy)
+    plugin.after_backward(strategy)
+    plugin.after_training_iteration(strategy)
+    assert "kl=1.0e-04" in plugin._bar.postfix
+    plugin.after_training_exp(strategy)
+    assert plugin.penalties == [1e-4]
