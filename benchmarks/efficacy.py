@@ -52,7 +52,7 @@ from _harness.efficacy_plan import (
 from _harness.efficacy_report import build_report, tuning_scores
 from _harness.efficacy_tables import side_by_side
 from _harness.report import add_json_flag, write_json
-from cl_streamkl.experiment.config import RENAMED_KEYS, ExperimentConfig
+from cl_streamkl.experiment.config import ExperimentConfig
 
 # Seconds of the last experience a worker trained: a unit does not start, and a running
 # one stops after an experience, when another such experience would pass the deadline.
@@ -108,7 +108,6 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
     if deadline is not None and time.time() + _last_experience_s > deadline:
         return None
     out = Path(root) / "runs" / unit.name
-    # from_dict reads the plan's keys of earlier versions (n_experiences) under their new names.
     config = ExperimentConfig.from_dict({**unit.config_fields(plan), "device": device, "out": str(out)}).resolved()
     splits = load_data(unit, plan, config)
     start = last = time.perf_counter()
@@ -295,7 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings_from = None if args.settings_from is None else json.loads(args.settings_from.read_text())
     plan = make_plan(args.regime, args.val_seeds or val_seeds, args.seeds or test_seeds, args.epochs,
                      args.settings_per_method, args.strategies, settings_from)
-    missing = sorted(set(plan["settings"]) - {f.name for f in dataclasses.fields(ExperimentConfig)} - set(RENAMED_KEYS))
+    missing = sorted(set(plan["settings"]) - {f.name for f in dataclasses.fields(ExperimentConfig)})
     if missing and args.part != "plan":
         print(f"efficacy.py: regime {args.regime} needs configuration fields this checkout lacks: "
               f"{', '.join(missing)}", file=sys.stderr)
