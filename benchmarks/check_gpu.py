@@ -3,7 +3,8 @@
 Checks, on CUDA, against the float64 materialising reference:
   * bf16 / fp16 / fp32 at N = 1, 17, 197, 577, 1024, 1025, 4096 (values and student gradients;
     the odd lengths run the masked tail tiles), causal and mutual (teacher-gradient) variants,
-    timm-style strided views;
+    each with the split and the one-pass backward (``--backwards``); head dims 32, 80, 128 and
+    256 with each backward; timm-style strided views;
   * int64 addressing: a strided view whose offsets pass 2**31 elements, at N = 131072;
   * torch.compile(fullgraph=True) through the registered custom ops.
 Then times (1, 12, 8192, 64) bf16 fwd and fwd+bwd beside SDPA and eager PyTorch.
@@ -26,6 +27,7 @@ from _harness.options import DTYPES
 from _harness.report import add_json_flag, describe_environment, environment_line, run_settings, write_json
 from cl_streamkl import attention_kl, attention_kl_reference
 from cl_streamkl.kernels import eager_attention_kl
+from cl_streamkl.kernels.config import BACKWARDS, kernel_options
 
 LENGTHS = (1, 17, 197, 577, 1024, 1025, 4096)
 
@@ -148,6 +150,8 @@ def main() -> None:
         "--lengths", type=int, nargs="+", default=list(LENGTHS), help=f"sequence lengths checked (default {LENGTHS})"
     )
     parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
+    parser.add_argument("--backwards", nargs="+", choices=BACKWARDS, default=list(BACKWARDS),
+                        help="backward kernels the per-length checks run (default: all)")
     parser.add_argument("--skip-extras", action="store_true", help="only the per-length checks")
     parser.add_argument(
         "--commit", default=None, help="commit to print (default: git rev-parse HEAD, which a copied tree may lack)"
@@ -157,7 +161,7 @@ def main() -> None:
     environment = describe_environment(torch.device("cuda"), args.commit)
     print("# " + environment_line(environment))
     torch.manual_seed(0)
-    checks = [] if args.skip_checks else run_checks(args.lengths, args.dtypes, not args.skip_extras)
+    checks = [] if args.skip_checks else run_checks(args.lengths, args.dtypes, args.backwards, not args.skip_extras)
     timings = []
     if not args.skip_timing:
         print("\n| impl | mode | ms (1,12,8192,64) bf16 |\n|---|---|---|")
@@ -170,34 +174,38 @@ def main() -> None:
     sys.exit(1 if any(not check["ok"] for check in checks) else 0)
 
 
-def run_checks(lengths: list[int], dtype_names: list[str], extras: bool) -> list[dict]:
+def run_checks(lengths: list[int], dtype_names: list[str], backwards: list[str], extras: bool) -> list[dict]:
     """Print one line per check; return each check's name, errors and verdict."""
     records = []
-    for n in lengths:
-        for dtype_name in dtype_names:
-            dtype = DTYPES[dtype_name]
-            for causal, teacher_grad in ((False, False), (True, False), (False, True)):
+    for n, dtype_name, backward in ((n, d, b) for n in lengths for d in dtype_names for b in backwards):
+        dtype = DTYPES[dtype_name]
+        for causal, teacher_grad in ((False, False), (True, False), (False, True)):
+            with kernel_options(backward=backward):
                 result = check_case(2 if n < 4096 else 1, 2, n, 64, dtype, causal, teacher_grad)
-                bound_fwd, bound_grad = (1e-4, 2e-5) if dtype == torch.float32 else (1e-4, 2e-2)
-                ok = result["fwd"] < bound_fwd and result["grads"] < bound_grad
-                name = f"N={n:5d} {dtype_name} causal={causal!s:5} teacher_grad={teacher_grad!s:5}"
-                records.append({"name": name, "fwd_err": result["fwd"], "grad_err": result["grads"], "ok": ok})
-                print(f"{name} fwd_err={result['fwd']:.2e} grad_err={result['grads']:.2e} {'ok' if ok else 'FAIL'}")
+            bound_fwd, bound_grad = (1e-4, 2e-5) if dtype == torch.float32 else (1e-4, 2e-2)
+            ok = result["fwd"] < bound_fwd and result["grads"] < bound_grad
+            name = f"N={n:5d} {dtype_name} {backward:7} causal={causal!s:5} teacher_grad={teacher_grad!s:5}"
+            records.append({"name": name, "fwd_err": result["fwd"], "grad_err": result["grads"], "ok": ok})
+            print(f"{name} fwd_err={result['fwd']:.2e} grad_err={result['grads']:.2e} {'ok' if ok else 'FAIL'}",
+                  flush=True)
     if extras:
-        records += run_extra_checks()
+        records += run_extra_checks(backwards)
     print(f"correctness failures: {sum(not record['ok'] for record in records)}")
     return records
 
 
-def run_extra_checks() -> list[dict]:
-    """Head dims, strided views (values, gradients and their layout), int64 offsets and torch.compile;
-    return each check's name, errors and verdict."""
+def run_extra_checks(backwards: list[str]) -> list[dict]:
+    """Head dims (with each of ``backwards``), strided views (values, gradients and their layout), int64
+    offsets and torch.compile; return each check's name, errors and verdict."""
     records = []
-    bf16_cases = {f"D={dim} bf16": functools.partial(check_case, 1, 2, 577, dim, torch.bfloat16, teacher_grad=True)
-                  for dim in (32, 80, 128, 256)}
+    bf16_cases = {
+        f"D={dim} bf16 {backward}": functools.partial(check_case, 1, 2, 577, dim, torch.bfloat16, teacher_grad=True)
+        for dim in (32, 80, 128, 256) for backward in backwards
+    }
     bf16_cases["strided timm views bf16 (grads in the inputs' layout)"] = check_strided_timm_views
     for name, check in bf16_cases.items():
-        result = check()
+        with kernel_options(backward=name.split()[-1] if name.split()[-1] in BACKWARDS else "split"):
+            result = check()
         ok = result["fwd"] < 1e-4 and result["grads"] < 2e-2
         records.append({"name": name, "fwd_err": result["fwd"], "grad_err": result["grads"], "ok": ok})
         print(f"{name} fwd_err={result['fwd']:.2e} grad_err={result['grads']:.2e} {'ok' if ok else 'FAIL'}")

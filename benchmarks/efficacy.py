@@ -41,7 +41,7 @@ import shutil
 import sys
 import tarfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,8 +54,9 @@ from _harness.efficacy_tables import side_by_side
 from _harness.report import add_json_flag, write_json
 from cl_streamkl.experiment.config import ExperimentConfig
 
-# Seconds of the last experience a worker trained: a unit does not start, and a running
-# one stops after an experience, when another such experience would pass the deadline.
+# Seconds of the last experience a worker trained (at first: the estimate from finished
+# units): a unit does not start, and a running one stops after an experience, when another
+# such experience would pass the deadline.
 _last_experience_s = 0.0
 _splits_cache: dict[str, Any] = {}
 # A part of an archive stays below what a machine returns per file (16 MiB).
@@ -93,22 +94,27 @@ def load_data(unit: Unit, plan: dict[str, Any], config: Any = None) -> Any:
     key = json.dumps(plan["settings"], sort_keys=True)
     if key not in _splits_cache:
         _splits_cache[key] = check_experiment(
-            config or ExperimentConfig(**unit.config_fields(plan), device="cpu").resolved())
+            config or ExperimentConfig.from_dict({**unit.config_fields(plan), "device": "cpu"}).resolved())
     return _splits_cache[key]
 
 
-def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline: float | None
-             ) -> dict[str, Any] | None:
-    """Train one unit and return its record (read back when done); None when stopped by the deadline."""
+def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline: float | None,
+             experience_s: float = 0.0) -> dict[str, Any] | None:
+    """Train one unit and return its record (read back when done); None when stopped by the deadline.
+
+    ``experience_s``: how long an experience may take at least (:func:`experience_estimate`).
+    """
+    global _last_experience_s
     from cl_streamkl.experiment.runner import run_experiment
 
+    _last_experience_s = max(_last_experience_s, experience_s)
     record = Path(root) / "units" / f"{unit.name}.json"
     if record.is_file():
         return json.loads(record.read_text())
     if deadline is not None and time.time() + _last_experience_s > deadline:
         return None
     out = Path(root) / "runs" / unit.name
-    config = ExperimentConfig(**unit.config_fields(plan), device=device, out=str(out)).resolved()
+    config = ExperimentConfig.from_dict({**unit.config_fields(plan), "device": device, "out": str(out)}).resolved()
     splits = load_data(unit, plan, config)
     start = last = time.perf_counter()
 
@@ -149,10 +155,20 @@ def finished_records(root: Path) -> dict[str, dict[str, Any]]:
     return {path.stem: json.loads(path.read_text()) for path in sorted((root / "units").glob("*.json"))}
 
 
+def experience_estimate(records: Iterable[dict[str, Any]]) -> float:
+    """Seconds the longest experience may take: twice the largest mean experience time of finished units.
+
+    Twice, because the class and task scenarios' first experience holds six classes of ten.
+    """
+    return max((2 * record["wall_time_s"] / len(record["accuracy_matrix"]) for record in records), default=0.0)
+
+
 def run_units(units: Sequence[Unit], pool: concurrent.futures.Executor, plan: dict[str, Any], args: argparse.Namespace,
               deadline: float | None) -> tuple[int, int]:
     """Run ``units``; returns (finished, stopped by the deadline)."""
-    futures = {pool.submit(run_unit, unit, plan, args.device, str(args.out), deadline): unit for unit in units}
+    estimate = experience_estimate(finished_records(args.out).values())
+    futures = {pool.submit(run_unit, unit, plan, args.device, str(args.out), deadline, estimate): unit
+               for unit in units}
     finished = stopped = 0
     for future in concurrent.futures.as_completed(futures):
         unit, record = futures[future], future.result()
@@ -280,6 +296,8 @@ def _argument_error(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    global _last_experience_s
+    _last_experience_s = 0.0  # --workers 0 trains in this process: no time carried over from an earlier start
     args = parse_args(argv)
     if args.tables:
         print(side_by_side([json.loads(path.read_text()) for path in args.tables]))

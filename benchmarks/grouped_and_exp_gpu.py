@@ -3,7 +3,8 @@
 Three parts, in this order:
 
 (a) correctness, bf16, L=12 timm-like blocks (q/k views of one permuted qkv tensor per block):
-    attention_kl_grouped against 12 attention_kl calls and both against the float64 reference,
+    attention_kl_grouped against 12 attention_kl calls (equal up to the rounding of other tiles)
+    and both against the float64 reference,
     values and gradients under a random upstream gradient. NaN or Inf stops the script; an
     error over the bound marks the check FAIL and the exit status 1.
 (b) timing (triton.testing.do_bench, median) of fwd and fwd+bwd at the same shapes: 12
@@ -18,7 +19,8 @@ Three parts, in this order:
 
 The tables of (b) and (c) come last; --json writes everything. Autotuning is off unless
 --autotune: kernel_options' autotune=False gives every implementation and variant the fixed heuristic
-tiles (forward 128x64, backward 64x64 at bf16), so the ~40 kernel variants compile once each
+tiles (forward 128x64, backward 64x64 at bf16; the grouped kernels at ViT lengths run their
+per-bucket tiles, tuning.GROUPED_TILES, either way), so the ~40 kernel variants compile once each
 and the run stays within about 4 minutes on an H200; with --autotune the first run compiles
 every candidate tile of every variant (many minutes).
 
@@ -64,8 +66,10 @@ VARIANTS = {
 SMOKE = {"blocks": 2, "grouped_shapes": [(1, 1, 17, 16)], "variant_shapes": [(1, 1, 17, 16)],
          "variants": ["hardware", "poly3-eighth+grad-after-dot"]}
 # bf16 bounds on ‖out − ref‖/‖ref‖ against float64 (the kernels compute in fp32 from bf16 inputs;
-# gradients are stored in bf16) and between grouped and separate launches.
-VALUE_BOUND, GRAD_BOUND, SAME_BOUND = 1e-4, 2e-2, 1e-5
+# gradients are stored in bf16) and between grouped and separate launches. At ViT lengths the
+# grouped kernels run tiles of their own (tuning.GROUPED_TILES), which order the sums differently:
+# on the H200 the two differed by 7e-5 and 9e-5 at 577 and 1025 tokens (bf16 gradients).
+VALUE_BOUND, GRAD_BOUND, SAME_BOUND = 1e-4, 2e-2, 5e-4
 
 
 @dataclass

@@ -36,9 +36,9 @@ REGIMES: dict[str, dict[str, Any]] = {
 # Class and task: 6 classes first (the teacher's attention has seen more than two), then 2 + 2.
 # Domain: four rotations 45 degrees apart, every class in each.
 SCENARIO_OPTIONS: dict[str, dict[str, Any]] = {
-    "class": {"n_experiences": 3, "first_experience_classes": 6},
-    "task": {"n_experiences": 3, "first_experience_classes": 6},
-    "domain": {"n_experiences": 4, "domain_shift": "rotate", "rotation_step": 45.0},
+    "class": {"experiences": 3, "first_experience_classes": 6},
+    "task": {"experiences": 3, "first_experience_classes": 6},
+    "domain": {"experiences": 4, "domain_shift": "rotate", "rotation_step": 45.0},
 }
 # Replay at a fixed memory: 200 images in all, or 20 of every class seen (class scenario).
 ARMS: dict[str, dict[str, Any]] = {

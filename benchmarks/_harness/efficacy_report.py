@@ -69,7 +69,7 @@ def _paired(scenario: str, units: Sequence[Unit], records: dict[str, dict[str, A
     entries = []
     for arm in dict.fromkeys(unit.arm for unit in units):
         results = [_run_result(records[u.name]) for u in units if u.arm == arm and u.name in records]
-        for entry in paired_comparisons(results, scenario):
+        for entry in paired_comparisons(results, scenario, scale=100.0):
             suffix = f" ({arm})" if arm else ""
             entries.append({**entry, "arm": arm, "strategy": entry["strategy"] + suffix,
                             "baseline": entry["baseline"] + suffix})

@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from _harness.kl_workloads import Problem, make_inputs
+from _harness.kl_workloads import ONE_PASS, Problem, make_inputs
 from _harness.measure import relative_error
 from _harness.options import KL_IMPLEMENTATIONS
 from cl_streamkl import attention_kl, attention_kl_reference
 from cl_streamkl.kernels import eager_attention_kl
+from cl_streamkl.kernels.config import kernel_options
 
 CHECK_MAX_HEADS = 2
 # The check keeps the problem's length, so the Triton kernels run with the tiles tuned for
@@ -68,13 +69,15 @@ def check_problem(problem: Problem, impls: Sequence[str], device: torch.device) 
     reference_dq, reference_dk = torch.autograd.grad((reference_rows * weight).sum(), (q, k))
     results = []
     for impl in impls:
-        if impl in KL_IMPLEMENTATIONS:
-            rows = attention_kl(q, k, q_teacher, k_teacher, causal=problem.causal, reduction="none", backend=impl)
+        if impl in KL_IMPLEMENTATIONS or impl == ONE_PASS:
+            backend = "triton" if impl == ONE_PASS else impl
+            rows = attention_kl(q, k, q_teacher, k_teacher, causal=problem.causal, reduction="none", backend=backend)
         elif impl == "eager":
             rows = eager_attention_kl(q, k, q_teacher, k_teacher, causal=problem.causal, reduction="none")
         else:
             continue
-        dq, dk = torch.autograd.grad((rows * weight).sum(), (q, k))
+        with kernel_options(backward="onepass" if impl == ONE_PASS else "split"):
+            dq, dk = torch.autograd.grad((rows * weight).sum(), (q, k))
         results.append(
             CheckResult(
                 impl=impl,

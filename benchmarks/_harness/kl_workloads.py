@@ -1,7 +1,8 @@
 """What the kernel benchmark times: problems, the implementations bound to their inputs, and
 the extra memory of one call.
 
-Implementations: ``triton`` and ``torch`` (``attention_kl`` with that backend), ``eager`` (both
+Implementations: ``triton`` and ``torch`` (``attention_kl`` with that backend), ``triton_onepass``
+(the triton backend with the one-pass backward, ``kernel_options(backward="onepass")``), ``eager`` (both
 maps materialised, ``cl_streamkl.kernels.eager_attention_kl``), ``compiled`` (its
 ``torch.compile``), ``sdpa`` (SDPA's default backend, named per row) and ``sdpa_fa2`` (SDPA
 pinned to FlashAttention-2).
@@ -20,8 +21,10 @@ from _harness.measure import PeakMemory
 from _harness.options import DTYPES, KL_IMPLEMENTATIONS, Shape, shape_label
 from cl_streamkl import attention_kl
 from cl_streamkl.kernels import eager_attention_kl
+from cl_streamkl.kernels.config import kernel_options
 
-IMPLEMENTATIONS = ("triton", "torch", "eager", "compiled", "sdpa", "sdpa_fa2")
+ONE_PASS = "triton_onepass"
+IMPLEMENTATIONS = ("triton", ONE_PASS, "torch", "eager", "compiled", "sdpa", "sdpa_fa2")
 SDPA_IMPLEMENTATIONS = ("sdpa", "sdpa_fa2")
 
 # torch._fused_sdp_choice's answer → the backend's name (torch.nn.attention.SDPBackend order).
@@ -147,6 +150,15 @@ def make_workload(impl: str, problem: Problem, inputs: dict[str, torch.Tensor]) 
             forward=lambda: attention_kl(q, k, q_teacher, k_teacher, causal=causal, backend=impl),
             backward=_backward_scalar,
         )
+    if impl == ONE_PASS:
+        def forward() -> torch.Tensor:
+            return attention_kl(q, k, q_teacher, k_teacher, causal=causal, backend="triton")
+
+        def backward(output: torch.Tensor, retain_graph: bool) -> None:
+            with kernel_options(backward="onepass"):
+                output.backward(retain_graph=retain_graph)
+
+        return Workload(leaves=[q, k], forward=forward, backward=backward)
     if impl == "eager":
         return Workload(
             leaves=[q, k],

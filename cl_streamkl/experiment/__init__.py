@@ -19,6 +19,8 @@ require_extra(__name__, "experiment", {
     "scipy": "scipy",
     "mlxtend": "mlxtend",
     "psutil": "psutil",
+    "filelock": "filelock",
+    "yaml": "pyyaml",
 })
 
 from cl_streamkl.experiment.config import DEFAULT_STRATEGIES, STRATEGY_COMPONENTS, ExperimentConfig  # noqa: E402

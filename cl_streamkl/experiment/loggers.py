@@ -6,7 +6,9 @@ loss and accuracy per epoch, the StreamKL penalty per epoch (strategies with
 training experience. Files go under the run folder:
 
 - ``tensorboard/<strategy>-seed<s>/``: event files (``tensorboard --logdir <out>/tensorboard``);
-- ``csv/<strategy>-seed<s>/training_results.csv`` and ``eval_results.csv``;
+- ``csv/<strategy>-seed<s>/training_results.csv`` and ``eval_results.csv`` (a cell the run has
+  no value for is empty: ``val_accuracy`` and ``val_loss``, as runs validate nothing while
+  training, and ``forgetting`` before an experience was trained);
 - ``wandb/``: W&B's local files; one W&B run per (strategy, seed), grouped by the run folder's
   name, in project ``$WANDB_PROJECT`` (default ``cl-streamkl``).
 """
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +28,33 @@ from avalanche.logging import CSVLogger, TensorboardLogger, WandBLogger
 from cl_streamkl.experiment.config import LOGGERS, ExperimentConfig
 
 _CSV_FILES = ("training_results.csv", "eval_results.csv")
+
+
+class RunCSVLogger(CSVLogger):
+    """Avalanche's CSV logger, with empty cells where the run has no value (Avalanche writes 0).
+
+    ``forgetting`` holds Avalanche's experience forgetting (reported by
+    :func:`build_evaluator`): accuracy on the experience right after training it minus now.
+    """
+
+    def __init__(self, log_folder: str) -> None:
+        super().__init__(log_folder=log_folder)
+        self.val_acc = self.val_loss = None  # until a validation within training reports them
+
+    def _val_to_str(self, m_val: Any) -> str:
+        return "" if m_val is None else super()._val_to_str(m_val)
+
+    def after_eval_exp(self, strategy: Any, metric_values: list[Any], **kwargs: Any) -> None:
+        if self.in_train_phase:  # validation within training: Avalanche records it for the next training row
+            super().after_eval_exp(strategy, metric_values, **kwargs)
+            return
+        super(CSVLogger, self).after_eval_exp(strategy, metric_values, **kwargs)
+        found: dict[str, Any] = dict.fromkeys(("Top1_Acc_Exp", "Loss_Exp", "ExperienceForgetting"))
+        for value in metric_values:
+            prefix = value.name.split("/", 1)[0]
+            if prefix in found:
+                found[prefix] = value.value
+        self.print_eval_metrics(strategy.experience.current_experience, self.training_exp_id, *found.values())
 
 
 class ScalarWandBLogger(WandBLogger):
@@ -39,8 +70,27 @@ class ScalarWandBLogger(WandBLogger):
             self.wandb.log({name: value}, step=x_plot)
 
 
+def _wandb_credentials() -> bool:
+    """Whether W&B finds credentials, asked in a separate process.
+
+    ``wandb.login`` finds them as a run would (key, settings files, ``.netrc``, identity
+    token), but a failed look-up leaves the process's W&B session unable to start even a
+    disabled run, so it runs elsewhere.
+    """
+    code = "import sys, wandb; sys.exit(0 if wandb.login(verify=False, prompt=False) else 1)"
+    try:
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
 def check_loggers(names: Sequence[str]) -> None:
-    """Raise ValueError for an unknown logger or one whose package is not installed."""
+    """Raise ValueError for an unknown logger, or one whose package or credentials are missing.
+
+    W&B needs a login (``wandb login``, ``WANDB_API_KEY`` or a ``.netrc`` entry) unless
+    ``WANDB_MODE`` is ``offline`` or ``disabled``; the check reads the credentials W&B would
+    use, without contacting the server.
+    """
     unknown = sorted(set(names) - set(LOGGERS))
     if unknown:
         raise ValueError(f"unknown logger {unknown[0]!r}; choose from {', '.join(LOGGERS)}")
@@ -49,16 +99,19 @@ def check_loggers(names: Sequence[str]) -> None:
             import wandb  # noqa: F401
         except ImportError:
             raise ValueError("--log wandb needs the wandb package: pip install wandb (or drop --log wandb)") from None
+        if os.environ.get("WANDB_MODE") not in ("offline", "disabled", "dryrun") and not _wandb_credentials():
+            raise ValueError("--log wandb needs W&B credentials: run 'wandb login' or set WANDB_API_KEY (or set "
+                             "WANDB_MODE=offline to keep the logs in the run folder)")
 
 
-def _csv_logger(folder: Path, resume: bool) -> CSVLogger:
-    """Avalanche's CSVLogger, keeping the rows written before an interruption (it truncates its files)."""
+def _csv_logger(folder: Path, resume: bool) -> RunCSVLogger:
+    """A :class:`RunCSVLogger`, keeping the rows written before an interruption (it truncates its files)."""
     earlier = {}
     for name in _CSV_FILES:
         path = folder / name
         if resume and path.is_file():
             earlier[name] = path.read_text().splitlines(keepends=True)[1:]
-    logger = CSVLogger(log_folder=str(folder))
+    logger = RunCSVLogger(log_folder=str(folder))
     for name, handle in zip(_CSV_FILES, (logger.training_file, logger.eval_file)):
         handle.writelines(earlier.get(name, []))
         handle.flush()
@@ -90,13 +143,14 @@ def build_loggers(names: Sequence[str], out_dir: Path, strategy: str, seed: int,
 
 
 def build_evaluator(loggers: Sequence[Any], penalty: bool) -> Any:
-    """The ``EvaluationPlugin`` that reports loss, accuracy and (``penalty``) the StreamKL penalty."""
-    from avalanche.evaluation.metrics import accuracy_metrics, loss_metrics
+    """The ``EvaluationPlugin`` that reports loss, accuracy, forgetting and (``penalty``) the StreamKL penalty."""
+    from avalanche.evaluation.metrics import accuracy_metrics, forgetting_metrics, loss_metrics
     from avalanche.training.plugins import EvaluationPlugin
 
     from cl_streamkl.strategies import streamkl_penalty_metrics
 
-    metrics = [accuracy_metrics(epoch=True, experience=True), loss_metrics(epoch=True, experience=True)]
+    metrics = [accuracy_metrics(epoch=True, experience=True), loss_metrics(epoch=True, experience=True),
+               forgetting_metrics(experience=True)]
     if penalty:
         metrics.append(streamkl_penalty_metrics(epoch=True))
     return EvaluationPlugin(*metrics, loggers=list(loggers))

@@ -51,6 +51,45 @@ def check_stem(stem: str, patch_size: int, pretrained_file: str | Path | None = 
                              "train it from scratch (drop --pretrained-file) or use --stem patch")
 
 
+# timm's ViTs use 64-wide attention heads (ViT-Ti 192 / 3, ViT-S 384 / 6, ViT-B 768 / 12).
+TIMM_HEAD_DIM = 64
+
+
+def file_architecture(path: str | Path) -> dict[str, int]:
+    """What a ViT weights file holds, read off its tensors' shapes: depth, embed_dim, patch_size (empty if unknown).
+
+    ``num_heads`` is not among them: the attention weights have the same shapes for any
+    number of heads.
+    """
+    try:
+        state = timm.models.load_state_dict(str(path))
+    except Exception:  # noqa: BLE001 - an unreadable file tells nothing; timm's own error is reported
+        return {}
+    found: dict[str, int] = {}
+    blocks = {int(key.split(".")[1]) for key in state if key.startswith("blocks.") and key.split(".")[1].isdigit()}
+    if blocks:
+        found["depth"] = max(blocks) + 1
+    patch = state.get("patch_embed.proj.weight")
+    if patch is not None and patch.ndim == 4:  # (embed_dim, in_chans, patch, patch)
+        found["embed_dim"], found["patch_size"] = int(patch.shape[0]), int(patch.shape[-1])
+    return found
+
+
+def _mismatch(name: str, path: Path, model_kwargs: dict[str, Any], patch_size: int, error: RuntimeError) -> str:
+    """One line for weights that do not fit: the architecture the file holds and the options that build it."""
+    held = file_architecture(path)
+    if "depth" not in held or "embed_dim" not in held:
+        return f"weights in {path} do not fit {name!r}: {str(error).splitlines()[0]}"
+    built = " ".join(f"{k}={v}" for k, v in model_kwargs.items()) or "none"
+    heads = held["embed_dim"] // TIMM_HEAD_DIM if held["embed_dim"] % TIMM_HEAD_DIM == 0 else None
+    heads_hint = (f"num_heads={heads} (64-wide heads, as in timm's ViTs; shapes do not show the heads)" if heads
+                  else "num_heads=<the file's heads; shapes do not show them>")
+    patch = f" --patch-size {held['patch_size']}" if held.get("patch_size", patch_size) != patch_size else ""
+    return (f"weights in {path} do not fit {name!r} with --model-kwargs {built}: the file holds a "
+            f"{held['depth']}-block, {held['embed_dim']}-wide ViT; pass --model-kwargs depth={held['depth']} "
+            f"embed_dim={held['embed_dim']} {heads_hint}{patch}")
+
+
 def build_model(
     name: str,
     *,
@@ -118,8 +157,8 @@ def build_model(
         raise ValueError(
             f"timm model {name!r} does not accept {sorted(kwargs)}: is it a ViT-family model? ({err})"
         ) from err
-    except RuntimeError as err:
-        raise ValueError(f"weights in {pretrained_file} do not fit {name!r}: {err}") from err
+    except RuntimeError as err:  # timm lists every mismatched tensor: say what the file holds instead
+        raise ValueError(_mismatch(name, path, model_kwargs or {}, patch_size, err)) from None
     if not hasattr(model, "patch_embed"):
         raise ValueError(f"timm model {name!r} has no patch embedding; use a ViT/DeiT/EVA model")
     return model if head_sizes is None else MultiHeadViT(model, head_sizes)

@@ -1,4 +1,9 @@
-"""Files a run leaves in its output folder: config.json, results.json, results.csv, summary.csv."""
+"""Files a run leaves in its output folder: config.json, results.json, results.csv, summary.csv, summary.md.
+
+Units: results.json and the CSV files hold fractions (an accuracy of 0.5, not 50 %), paired
+differences included; summary.md shows percent. Each file says so: results.json in its
+``units`` entry, the CSV files in their column names (``..._fraction``).
+"""
 
 from __future__ import annotations
 
@@ -15,16 +20,21 @@ import torch
 
 from cl_streamkl._provenance import git_commit
 from cl_streamkl.experiment.config import ExperimentConfig
+from cl_streamkl.experiment.config_file import CONFIG_FILE
 from cl_streamkl.experiment.files import write_text_atomically
-from cl_streamkl.experiment.summary import SCALAR_METRICS
+from cl_streamkl.experiment.summary import SCALAR_METRICS, summary_markdown
 
 if TYPE_CHECKING:
     from cl_streamkl.experiment.runner import RunResult
 
-CONFIG_FILE = "config.json"
 RESULTS_FILE = "results.json"
 RUNS_CSV = "results.csv"
 SUMMARY_CSV = "summary.csv"
+SUMMARY_MD = "summary.md"
+RESULTS_UNITS = ("fractions: accuracies, forgetting, backward transfer and the paired differences (mean_diff, "
+                 "ci95) are in [0, 1] (times 100 for percent); wall_time_s in seconds; peak_memory_mb in MiB")
+# Column suffix of the CSV files' values that are fractions.
+FRACTION = "_fraction"
 _PACKAGES = ("cl-streamkl", "torch", "triton", "timm", "avalanche-lib", "torchvision", "numpy",
              "scikit-learn", "matplotlib")
 
@@ -57,53 +67,20 @@ def write_config(out_dir: Path, config: ExperimentConfig) -> Path:
     return write_text_atomically(Path(out_dir) / CONFIG_FILE, json.dumps(config.to_dict(), indent=2) + "\n")
 
 
-def read_config_file(path: Path) -> ExperimentConfig:
-    """A configuration saved by a run: its ``config.json``, or the ``config`` of its ``results.json``.
-
-    Raises:
-        ValueError: the file is missing, is not JSON, or does not hold a configuration.
-    """
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as err:
-        raise ValueError(f"cannot read configuration {path}: {err.strerror or err}") from None
-    except ValueError as err:
-        raise ValueError(f"{path} is not valid JSON ({err})") from None
-    if isinstance(data, dict) and isinstance(data.get("config"), dict) and "runs" in data:
-        data = data["config"]
-    if not isinstance(data, dict):
-        raise ValueError(f"{path} does not hold a configuration (a JSON object of run settings)")
-    try:
-        return ExperimentConfig.from_dict(data)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"{path}: {err}") from None
-
-
-def read_config(out_dir: Path) -> ExperimentConfig:
-    """The configuration a run folder was started with.
-
-    Raises:
-        ValueError: the folder has no config.json (not a run folder), or it is damaged.
-    """
-    path = Path(out_dir) / CONFIG_FILE
-    if not path.is_file():
-        raise ValueError(f"{str(out_dir)!r} is not a run folder: {CONFIG_FILE} is missing")
-    return read_config_file(path)
-
-
 def write_results(out_dir: Path, config: ExperimentConfig, results: Sequence[RunResult],
                   summary: dict[str, Any], env: dict[str, Any] | None = None,
-                  paired: Sequence[dict[str, Any]] = ()) -> list[Path]:
-    """Write results.json (config, environment, every run, summary, paired differences) and two CSV files.
+                  paired: Sequence[dict[str, Any]] = (), title: str = "results") -> list[Path]:
+    """Write results.json (config, environment, every run, summary, paired differences), two CSV files and summary.md.
 
     results.csv has one row per (strategy, seed); summary.csv one row per strategy
-    with ``<metric>_mean`` / ``<metric>_std`` columns. ``env`` is :func:`environment`
-    captured when the run started (taken now when None); ``paired`` is
-    :func:`~cl_streamkl.experiment.statistics.paired_comparisons` of the runs.
+    with ``<metric>_mean`` / ``<metric>_std`` columns; summary.md the printed table and
+    paired differences under ``title``. ``env`` is :func:`environment` captured when the
+    run started (taken now when None); ``paired`` is
+    :func:`~cl_streamkl.experiment.statistics.paired_comparisons` of the runs (fractions).
     """
     out_dir = Path(out_dir)
     payload = {
+        "units": RESULTS_UNITS,
         "config": config.to_dict(),
         "environment": environment() if env is None else env,
         "runs": [r.to_dict() for r in results],
@@ -115,8 +92,8 @@ def write_results(out_dir: Path, config: ExperimentConfig, results: Sequence[Run
     n_exp = len(results[0].accuracy_matrix) if results else 0
     with io.StringIO(newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["strategy", "seed", *SCALAR_METRICS, "mean_penalty", "wall_time_s", "peak_memory_mb",
-                         *(f"average_accuracy_exp{i + 1}" for i in range(n_exp))])
+        writer.writerow(["strategy", "seed", *(k + FRACTION for k in SCALAR_METRICS), "mean_penalty", "wall_time_s",
+                         "peak_memory_mb", *(f"average_accuracy_exp{i + 1}{FRACTION}" for i in range(n_exp))])
         for r in results:
             m = r.metrics()
             writer.writerow([r.strategy, r.seed, *("" if m[k] is None else m[k] for k in SCALAR_METRICS),
@@ -127,10 +104,12 @@ def write_results(out_dir: Path, config: ExperimentConfig, results: Sequence[Run
     scalar_keys = (*SCALAR_METRICS, "wall_time_s", "peak_memory_mb")
     with io.StringIO(newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["strategy", "n_seeds", *(f"{k}_{s}" for k in scalar_keys for s in ("mean", "std"))])
+        writer.writerow(["strategy", "n_seeds", *(f"{k}{FRACTION if k in SCALAR_METRICS else ''}_{s}"
+                                                  for k in scalar_keys for s in ("mean", "std"))])
         for strategy, entry in summary.items():
             writer.writerow([strategy, len(entry["seeds"]),
                              *("" if entry[k] is None else entry[k][s]
                                for k in scalar_keys for s in ("mean", "std"))])
         summary_path = write_text_atomically(out_dir / SUMMARY_CSV, handle.getvalue())
-    return [json_path, runs_path, summary_path]
+    markdown_path = write_text_atomically(out_dir / SUMMARY_MD, summary_markdown(title, summary, paired, config.scenario))
+    return [json_path, runs_path, summary_path, markdown_path]

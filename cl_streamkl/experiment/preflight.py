@@ -25,7 +25,7 @@ from cl_streamkl.experiment.template import autocast
 def build_run_stream(config: ExperimentConfig, splits: LabeledSplits, seed: int) -> ExperienceStream:
     """The stream one seed trains on (class order and domain order depend on the seed)."""
     return build_stream(
-        splits, n_experiences=config.n_experiences, seed=seed, val_fraction=config.val_fraction,
+        splits, n_experiences=config.experiences, seed=seed, val_fraction=config.val_fraction,
         split_seed=config.split_seed, scenario=config.scenario,
         first_experience_classes=config.first_experience_classes, image_size=config.image_size,
         domain_shift=config.domain_shift, rotation_step=config.rotation_step,

@@ -64,7 +64,7 @@ class ProgressPlugin(SupervisedPlugin, supports_distributed=True):
         if self._bar is not None:
             postfix = {"loss": f"{float(strategy.loss.detach()):.3f}"}
             if self.penalty_source is not None and self._weighted:
-                postfix["kl"] = f"{self._last:.4f}"
+                postfix["kl"] = f"{self._last:.1e}"
             self._bar.set_postfix(postfix, refresh=False)
             self._bar.update(1)
 

@@ -113,14 +113,13 @@ def checkpoint_path(out_dir: Path, strategy: str, seed: int) -> Path:
 
 
 def chance_accuracy(stream: ExperienceStream, experience: int) -> float:
-    """Accuracy of guessing on ``experience``: one over the classes its head chooses from.
+    """Accuracy of guessing among ``experience``'s own classes: what a model that learned nothing of it reaches.
 
-    ``class`` and ``domain``: the shared head over every class; ``task``: the
-    experience's own head.
+    One over the experience's classes: in ``task`` its head's; in ``class`` too, since a
+    shared head that always predicts one of the new classes, as training on them alone
+    teaches it, scores that much right after training; in ``domain`` every class.
     """
-    if stream.scenario == "task":
-        return 1.0 / len(stream.experience_classes[experience])
-    return 1.0 / stream.num_classes
+    return 1.0 / len(stream.experience_classes[experience])
 
 
 def _experiences(datasets: Sequence[Any], stream_name: str, task_labels: bool) -> list[DatasetExperience]:
@@ -316,7 +315,7 @@ def run_experiment(
         show_progress: show tqdm bars while training.
         log: called with one line per finished experience (the CLI prints them).
         warn: called with one line for each experience not learned (accuracy right
-            after training it below 1.5 × chance, :func:`chance_accuracy`).
+            after training it below 1.5 × its own chance, :func:`chance_accuracy`).
         splits: data checked and loaded by
             :func:`~cl_streamkl.experiment.preflight.check_experiment` (run here when None).
         loggers: Avalanche loggers to feed (see :mod:`cl_streamkl.experiment.loggers`).

@@ -113,12 +113,15 @@ def comparison_pairs(strategies: Sequence[str], scenario: str = "class") -> list
     return pairs
 
 
-def paired_comparisons(results: Sequence[Any], scenario: str = "class") -> list[dict[str, Any]]:
-    """Paired differences (strategy − baseline) over the seeds both ran, in percent.
+def paired_comparisons(results: Sequence[Any], scenario: str = "class", scale: float = 1.0
+                       ) -> list[dict[str, Any]]:
+    """Paired differences (strategy − baseline) over the seeds both ran, as fractions (times ``scale``).
 
     Args:
         results: :class:`~cl_streamkl.experiment.runner.RunResult` of every run.
         scenario: the runs' scenario (decides which names are valid strategies).
+        scale: multiplies the differences: 1 keeps the metrics' fractions, 100 gives
+            percentage points.
 
     Returns:
         One entry per (pair from :func:`comparison_pairs`, metric with values):
@@ -139,7 +142,7 @@ def paired_comparisons(results: Sequence[Any], scenario: str = "class") -> list[
             values = [(metrics[strategy][s][key], metrics[baseline][s][key]) for s in seeds]
             if not values or any(a is None or b is None for a, b in values):
                 continue
-            differences = [100.0 * (a - b) for a, b in values]
+            differences = [scale * (a - b) for a, b in values]
             mean, low, high = t_interval(differences)
             entries.append({"strategy": strategy, "baseline": baseline, "metric": metric,
                             "mean_diff": mean, "ci95": [low, high], "n": len(values),
@@ -149,13 +152,13 @@ def paired_comparisons(results: Sequence[Any], scenario: str = "class") -> list[
 
 def format_paired(entries: Sequence[dict[str, Any]],
                   metrics: Sequence[str] = ("mean_experience_accuracy", "forgetting")) -> str:
-    """Aligned text lines of :func:`paired_comparisons`, one per (pair, metric) in ``metrics``."""
+    """Aligned text lines of :func:`paired_comparisons` (fractions) in percentage points, one per (pair, metric)."""
     lines = []
     for entry in entries:
         if entry["metric"] not in metrics:
             continue
         low, high = entry["ci95"]
-        interval = "n/a" if low is None else f"[{low:+.1f}, {high:+.1f}]"
+        interval = "n/a" if low is None else f"[{100 * low:+.1f}, {100 * high:+.1f}]"
         lines.append(f"{entry['strategy']} - {entry['baseline']}  {entry['metric']:<24} "
-                     f"{entry['mean_diff']:+6.1f} pp  95% CI {interval}  (n={entry['n']})")
+                     f"{100 * entry['mean_diff']:+6.1f} pp  95% CI {interval}  (n={entry['n']})")
     return "\n".join(lines)

@@ -1,4 +1,8 @@
-"""Aggregation over seeds and the aligned comparison table printed at the end of a run."""
+"""Aggregation over seeds and the comparison a run ends with: printed, and written to ``summary.md``.
+
+Units: :func:`summarize` keeps the runs' fractions (accuracy 0.5, not 50); the table and
+the paired differences are shown in percent and percentage points.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cl_streamkl.experiment.statistics import mean_std
+from cl_streamkl.experiment.statistics import format_paired, mean_std
 
 if TYPE_CHECKING:
     from cl_streamkl.experiment.runner import RunResult
@@ -16,6 +20,8 @@ SCALAR_METRICS = ("final_average_accuracy", "stream_accuracy", "average_forgetti
                   "learning_accuracy", "final_task_il_accuracy")
 # The scenario's own accuracy, as the field names it (van de Ven et al. 2022).
 ACCURACY_TITLES = {"class": "Class-IL acc (%)", "task": "Task-IL acc (%)", "domain": "Domain-IL acc (%)"}
+UNITS_NOTE = ("Accuracies, forgetting and backward transfer in percent; paired differences in percentage points "
+              "(strategy - baseline, 95 % t-interval over seeds); time in seconds; peak memory in MiB.")
 # (key in the summary, table header, formatting scale): accuracies shown in percent.
 TABLE_COLUMNS = (
     ("final_average_accuracy", None, 100.0),
@@ -109,3 +115,33 @@ def format_markdown_table(summary: dict[str, dict[str, Any]], scenario: str = "c
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def _heading(title: str, summary: dict[str, dict[str, Any]]) -> str:
+    seeds = max(len(entry["seeds"]) for entry in summary.values())
+    return f"{title}, {seeds} seed{'s' if seeds > 1 else ''}{' (mean ± std)' if seeds > 1 else ''}"
+
+
+def summary_text(title: str, summary: dict[str, dict[str, Any]], paired: Sequence[dict[str, Any]],
+                 scenario: str = "class") -> str:
+    """What a run prints at its end: the heading, the table and the paired differences.
+
+    Args:
+        title: what was run (dataset, scenario, experiences, split).
+        summary: :func:`summarize` of the runs.
+        paired: :func:`~cl_streamkl.experiment.statistics.paired_comparisons` of the runs (fractions).
+        scenario: the runs' scenario (names the accuracy column).
+    """
+    lines = [_heading(title, summary), "", format_table(summary, scenario)]
+    if paired:
+        lines += ["", "paired differences over seeds (strategy - baseline, percentage points):", format_paired(paired)]
+    return "\n".join(lines)
+
+
+def summary_markdown(title: str, summary: dict[str, dict[str, Any]], paired: Sequence[dict[str, Any]],
+                     scenario: str = "class") -> str:
+    """``summary.md``: :func:`summary_text`'s table and paired differences, with their units named."""
+    lines = [f"# {_heading(title, summary)}", "", UNITS_NOTE, "", "```text", format_table(summary, scenario), "```"]
+    if paired:
+        lines += ["", "## Paired differences over seeds", "", "```text", format_paired(paired), "```"]
+    return "\n".join(lines) + "\n"

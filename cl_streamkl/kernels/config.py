@@ -1,11 +1,21 @@
 """The kernels' global switches, in one place (as timm's ``layers/config.py``).
 
-Five options change how the Triton kernels run, never what they compute beyond rounding:
+Seven options change how the Triton kernels run, never what they compute beyond rounding:
 
 * ``autotune`` (default on): tiles chosen by ``triton.autotune`` per (dtype, head dims,
   causal, length bucket), which costs seconds to a minute of compiling per new combination;
-  off, fixed heuristic tiles (correctness runs, short jobs). The CPU interpreter never
-  autotunes, whatever this says: timing it is meaningless.
+  off, fixed heuristic tiles (correctness runs, short jobs). Lengths past 2048 and the grouped
+  kernels at ViT lengths run fixed, measured tiles either way
+  (:mod:`cl_streamkl.kernels.triton.tuning`). The CPU interpreter never autotunes, whatever
+  this says: timing it is meaningless.
+* ``backward`` (default ``"split"``): ``"split"`` runs a query-side and a key-side kernel, each
+  recomputing the score tiles, with no atomics; ``"onepass"`` runs the key-side kernel alone,
+  adding dq up in float32 with atomics (half the exponentials and products per score, 4·D bytes
+  more memory per query row, summation order not fixed). On the H200 it was 5–6 % faster at
+  head dim 64 without a mask from 4096 tokens up and slower causal, at head dim 128 and at ViT
+  lengths (docs/tuning-log.md), so it is opt-in.
+* ``deterministic`` (default off): on, the split kernels run whatever ``backward`` says, so
+  gradients are bit-for-bit reproducible.
 * ``fast_launch`` (default on): replay compiled kernels without Triton's per-launch binder
   (:mod:`cl_streamkl.kernels.triton.launch_cache`); off, every launch goes through
   ``kernel[grid](...)``.
@@ -23,8 +33,10 @@ Read them with :func:`get_kernel_options`, change them for the process with
 
 The environment gives the defaults, read once when this module is imported:
 ``CL_STREAMKL_AUTOTUNE``, ``CL_STREAMKL_FAST_LAUNCH`` and ``CL_STREAMKL_GRAD_AFTER_DOT``
-(``0`` turns one off), ``CL_STREAMKL_FORWARD_EXP2`` and ``CL_STREAMKL_BACKWARD_EXP2`` (a
-key of :data:`EXP2_VARIANTS`). Nothing else in the package reads them.
+(``0`` turns one off), ``CL_STREAMKL_DETERMINISTIC`` (``1`` turns it on),
+``CL_STREAMKL_FORWARD_EXP2`` and ``CL_STREAMKL_BACKWARD_EXP2`` (a key of
+:data:`EXP2_VARIANTS`), ``CL_STREAMKL_BACKWARD`` (one of :data:`BACKWARDS`). Nothing else in
+the package reads them.
 """
 
 from __future__ import annotations
@@ -34,7 +46,7 @@ import dataclasses
 import os
 from collections.abc import Iterator, Mapping
 
-__all__ = ["EXP2_VARIANTS", "KernelOptions", "get_kernel_options", "kernel_options", "set_kernel_options"]
+__all__ = ["BACKWARDS", "EXP2_VARIANTS", "KernelOptions", "get_kernel_options", "kernel_options", "set_kernel_options"]
 
 # name -> (POLY_EXP2_DEGREE, POLY_EXP2_SPLITS): the teacher's exponentials on the last
 # 1/2**splits of each score tile's columns use the degree-d polynomial (common.teacher_exp2).
@@ -49,6 +61,8 @@ EXP2_VARIANTS: dict[str, tuple[int, int]] = {
     "poly5-eighth": (5, 2),
 }
 
+BACKWARDS = ("split", "onepass")
+
 
 @dataclasses.dataclass(frozen=True)
 class KernelOptions:
@@ -59,14 +73,18 @@ class KernelOptions:
     forward_exp2: str = "hardware"
     backward_exp2: str = "hardware"
     grad_after_dot: bool = True
+    backward: str = "split"
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("autotune", "fast_launch", "grad_after_dot"):
+        for name in ("autotune", "fast_launch", "grad_after_dot", "deterministic"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
         for name in ("forward_exp2", "backward_exp2"):
             if getattr(self, name) not in EXP2_VARIANTS:
                 raise ValueError(f"{name} must be one of {sorted(EXP2_VARIANTS)}, got {getattr(self, name)!r}")
+        if self.backward not in BACKWARDS:
+            raise ValueError(f"backward must be one of {list(BACKWARDS)}, got {self.backward!r}")
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> KernelOptions:
@@ -78,6 +96,8 @@ class KernelOptions:
             forward_exp2=environ.get("CL_STREAMKL_FORWARD_EXP2", "hardware"),
             backward_exp2=environ.get("CL_STREAMKL_BACKWARD_EXP2", "hardware"),
             grad_after_dot=environ.get("CL_STREAMKL_GRAD_AFTER_DOT", "1") != "0",
+            backward=environ.get("CL_STREAMKL_BACKWARD", "split"),
+            deterministic=environ.get("CL_STREAMKL_DETERMINISTIC", "0") == "1",
         )
 
 
@@ -94,7 +114,7 @@ def set_kernel_options(**fields: bool | str) -> KernelOptions:
 
     Raises:
         TypeError: an unknown field, or a switch that is not a bool.
-        ValueError: an exponential variant not in :data:`EXP2_VARIANTS`.
+        ValueError: an exponential variant not in :data:`EXP2_VARIANTS`, a backward not in :data:`BACKWARDS`.
     """
     global _current
     previous = _current

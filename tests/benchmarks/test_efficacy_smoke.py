@@ -54,9 +54,16 @@ def test_efficacy_study_tiny(tmp_path, monkeypatch, capsys):
     assert report["plan"]["val_seeds"] == [7, 8] and report["scenarios"]["class"]["chosen"] is None
     assert efficacy.main([*common, "--out", str(out), "--part", "test"]) == 2
     assert "tuning of scenario class is not finished" in capsys.readouterr().err
-    # Past the time limit nothing starts.
+    # Past the time limit nothing starts; nor a unit whose experience would pass it, judged by the finished ones.
     assert efficacy.main([*common, "--out", str(out), "--time-limit", "1e-9"]) == 0
     assert json.loads(report_path.read_text())["units"]["tune"] == [3, 44]
+    records = efficacy.finished_records(out).values()
+    assert efficacy.experience_estimate(records) == max(2 * r["wall_time_s"] / 3 for r in records) > 0
+    estimate = efficacy.experience_estimate
+    monkeypatch.setattr(efficacy, "experience_estimate", lambda records: 3600.0)
+    assert efficacy.main([*common, "--out", str(out), "--time-limit", "30"]) == 0
+    assert json.loads(report_path.read_text())["units"]["tune"] == [3, 44]
+    monkeypatch.setattr(efficacy, "experience_estimate", estimate)
 
     monkeypatch.setattr(efficacy, "ARCHIVE_PART_BYTES", 2**12)  # so the archive comes in parts
     assert efficacy.main([*common, "--out", str(out), "--archive", str(archive)]) == 0

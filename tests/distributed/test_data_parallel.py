@@ -192,7 +192,8 @@ def test_rank_0_alone_prints_and_writes(two_processes):
     assert "2 processes" in result.stdout and result.stdout.count("streamkl seed 0  exp 5/5") == 1
     written = sorted(str(path.relative_to(out)) for path in out.rglob("*"))
     assert written == sorted([
-        "config.json", "results.json", "results.csv", "summary.csv", "average_accuracy.png",
+        "config.json", "results.json", "results.csv", "summary.csv", "summary.md", ".cl-streamkl.lock",
+        "average_accuracy.png",
         "accuracy_matrix_naive.png", "accuracy_matrix_streamkl.png",
         "checkpoints", "checkpoints/naive-seed0.pt", "checkpoints/streamkl-seed0.pt"])
 

@@ -85,7 +85,7 @@ def test_replay_buffer_update_is_not_avalanches_deprecated_one(stream):
     assert caught == [] and len(buffer.buffer) == 20
 
 
-def test_chance_is_one_over_the_classes_the_head_chooses_from():
+def test_chance_is_one_over_the_experiences_own_classes():
     from cl_streamkl.experiment.runner import chance_accuracy
 
     splits = load_splits("digits", data_root=None, image_size=8)
@@ -93,7 +93,9 @@ def test_chance_is_one_over_the_classes_the_head_chooses_from():
                         first_experience_classes=4)
     assert [chance_accuracy(task, j) for j in range(3)] == [1 / 4, 1 / 3, 1 / 3]
     single_head = build_stream(splits, n_experiences=5, seed=0, val_fraction=0.1)
-    assert chance_accuracy(single_head, 4) == 1 / 10
+    assert chance_accuracy(single_head, 4) == 1 / 2  # predicting one of the two new classes
+    domain = build_stream(splits, n_experiences=2, seed=0, val_fraction=0.1, scenario="domain", image_size=8)
+    assert chance_accuracy(domain, 1) == 1 / 10
 
 
 def test_peak_memory_is_each_runs_own_not_the_process_high_water_mark():
@@ -180,12 +182,12 @@ def test_config_resolution_and_errors():
                        ({"seeds": []}, "seeds"),
                        ({"image_size": 30}, "not divisible"),
                        ({"amp": "int8"}, "amp"),
-                       ({"dataset": "mnist"}, "unknown dataset"),
+                       ({"dataset": "mnist"}, "dataset must be one of"),
                        ({"strategies": ["replay+joint"]}, "does not combine"),
                        ({"model_kwargs": {"pretrained": True}}, "--pretrained-file")]:
         with pytest.raises(ValueError, match=match):
             ExperimentConfig(**bad).resolved()
-    with pytest.raises(ValueError, match="unknown keys"):
+    with pytest.raises(ValueError, match="unknown key .color."):
         ExperimentConfig.from_dict({"epochs": 1, "color": "red"})
 
 
@@ -209,3 +211,40 @@ def test_plugins_before_forward_runs_under_the_forward_autocast(amp, expected):
     template._before_forward()
     assert seen == [expected]
     assert not torch.is_autocast_enabled("cpu")
+
+
+@pytest.mark.parametrize("scenario, classes, accuracy, warned", [
+    ("class", [[0, 1], [2, 3]], 0.5, True),     # one new class always predicted: a coin flip, not learned
+    ("task", [[0, 1], [2, 3]], 0.5, True),
+    ("task", [[0, 1], [2, 3]], 0.9, False),
+    ("class", [[0, 1, 2, 3, 4, 5], [6, 7]], 0.3, False),  # 1.8 × the six-way chance
+    ("domain", [list(range(10))] * 2, 0.12, True),
+])
+def test_an_experience_is_judged_against_its_own_chance(scenario, classes, accuracy, warned):
+    from types import SimpleNamespace
+
+    from cl_streamkl.experiment.runner import _Run
+
+    stream = SimpleNamespace(scenario=scenario, experience_classes=classes, num_classes=10)
+    warnings = []
+    _Run._warn_unlearned(SimpleNamespace(stream=stream, strategy="naive", seed=0), [accuracy, 1.0], [0],
+                         warnings.append)
+    assert bool(warnings) == warned
+    if warned:
+        assert f"chance is {100 / len(classes[0]):.1f} %" in warnings[0]
+
+
+def test_the_progress_bar_shows_a_small_penalty_in_scientific_notation():
+    from types import SimpleNamespace
+
+    from cl_streamkl.experiment.progress import ProgressPlugin
+
+    plugin = ProgressPlugin("streamkl seed 0", 1, penalty_source=SimpleNamespace(last_penalty=1e-4))
+    strategy = SimpleNamespace(experience=SimpleNamespace(current_experience=0), train_epochs=1, dataloader=[0],
+                               loss=torch.tensor(0.5))
+    plugin.before_training_exp(strategy)
+    plugin.after_backward(strategy)
+    plugin.after_training_iteration(strategy)
+    assert "kl=1.0e-04" in plugin._bar.postfix
+    plugin.after_training_exp(strategy)
+    assert plugin.penalties == [1e-4]

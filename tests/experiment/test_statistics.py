@@ -42,7 +42,7 @@ def test_paired_comparisons_by_hand():
     results = [_result("naive", s, v) for s, v in naive.items()]
     results += [_result("streamkl", s, v) for s, v in streamkl.items()]
     results.append(_result("streamkl", 9, 0.5))  # no naive run with seed 9: left out of the pairs
-    entries = {e["metric"]: e for e in paired_comparisons(results)}
+    entries = {e["metric"]: e for e in paired_comparisons(results, scale=100.0)}
     final = entries["mean_experience_accuracy"]
     assert (final["strategy"], final["baseline"], final["n"]) == ("streamkl", "naive", 3)
     # final average accuracy = (acc on exp 0 + 1.0) / 2, so its differences are halved: 2.5, 5, 1
@@ -58,7 +58,10 @@ def test_paired_comparisons_by_hand():
     # two-sided p is 1 - t / sqrt(t^2 + 2)
     t = 17 / 7
     assert final["p_value"] == pytest.approx(1 - t / (t * t + 2) ** 0.5)
-    text = format_paired(list(entries.values()))
+    fractions = {e["metric"]: e for e in paired_comparisons(results)}  # the default unit, as results.json holds
+    assert fractions["mean_experience_accuracy"]["mean_diff"] == pytest.approx(final["mean_diff"] / 100)
+    text = format_paired(list(fractions.values()))
+    assert f"{final['mean_diff']:+6.1f} pp" in text
     assert "streamkl - naive  mean_experience_accuracy" in text and "(n=3)" in text and "learning" not in text
 
 

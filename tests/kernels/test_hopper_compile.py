@@ -6,7 +6,8 @@ kernel that the interpreter accepts can still fail to compile for a real GPU
 refuses, ...). Triton's compiler and ptxas ship with the triton wheel and need no
 GPU, so this test compiles each kernel for sm_90 in a fresh process (the pytest
 process itself runs with TRITON_INTERPRET=1): the one-problem and the grouped kernels,
-causal and not, and every arithmetic variant (``kernels/triton/variants.py``).
+causal and not, every arithmetic variant (``kernels/triton/variants.py``) and the one-pass
+backward, whose dk kernel alone may add with atomics.
 
 Arguments are specialised as Triton specialises a launch on timm's q/k views (addresses and
 strides divisible by 16), so the PTX also shows what the GPU would run: the test checks that
@@ -37,11 +38,12 @@ class Case(NamedTuple):
     grouped: bool = False
     exp2: str = "hardware"  # a key of variants.EXP2_VARIANTS
     grad_after_dot: bool = False
+    one_pass: bool = False  # dk only: the key-side kernel also adds up dq
 
     def label(self) -> str:
         return " ".join(
             [self.kind, "causal" if self.causal else "full", "grouped" if self.grouped else "single", self.exp2]
-            + (["grad-after-dot"] if self.grad_after_dot else [])
+            + (["grad-after-dot"] if self.grad_after_dot else []) + (["one-pass"] if self.one_pass else [])
         )
 
 
@@ -55,6 +57,7 @@ CASES = (
     + [Case("dq", exp2="poly3-eighth"), Case("dq", exp2="poly5-quarter", grad_after_dot=True)]
     + [Case(kind, grad_after_dot=True) for kind in ("dq", "dk")]
     + [Case(kind, grouped=True, grad_after_dot=True) for kind in ("dq", "dk")]
+    + [Case("dk", causal, grouped, one_pass=True) for grouped in (False, True) for causal in (False, True)]
 )
 
 
@@ -89,13 +92,15 @@ def compile_for_hopper(case: Case):
         constants["TEACHER_GRAD"] = True
     if case.kind != "fwd":
         constants["GRAD_AFTER_DOT"] = case.grad_after_dot
+    if case.kind == "dk" or case.grouped and case.kind != "fwd":
+        constants["ONE_PASS"] = case.one_pass
     if case.grouped:
         constants.update(ELEMENT=tl.bfloat16, ALIGNED=True)
         if case.kind != "fwd":
             constants["KEY_SIDE"] = case.kind == "dk"
     # Integer arguments Triton would not see as divisible by 16 at 32x12x197x64.
     odd_integers = {"num_heads", "n_q", "n_k", "batch_size", "stride_gl"}
-    float32_pointers = {"ROW_KL", "LSE_S", "LSE_T", "GRAD"}
+    float32_pointers = {"ROW_KL", "LSE_S", "LSE_T", "GRAD", "DQ_SUM", "DQT_SUM"}
     signature, attrs = {}, {}
     for index, arg in enumerate(kernel.arg_names):
         if arg in constants:
@@ -124,8 +129,9 @@ def compile_for_hopper(case: Case):
 
 
 def ptx_counts(ptx: str) -> dict[str, int]:
-    """Hardware exponentials and 16-byte asynchronous global-to-shared copies in a kernel's PTX."""
+    """Atomic adds, hardware exponentials and 16-byte asynchronous global-to-shared copies in a kernel's PTX."""
     return {
+        "atomics": len(re.findall(r"\bred\.|\batom\.", ptx)),
         "ex2": len(re.findall(r"\bex2\.approx", ptx)),
         "copy16": len(re.findall(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10\b", ptx)),
     }
@@ -160,6 +166,10 @@ def test_kernels_compile_for_sm90():
         these = counts[case.label()]
         baseline = counts[case._replace(grouped=False, exp2="hardware", grad_after_dot=False).label()]
         assert these["copy16"] > 0, f"{case.label()}: tiles are not loaded with 16-byte copies"
+        if case.one_pass:
+            assert these["atomics"] > 0, f"{case.label()}: dq is not added up with atomics"
+        else:
+            assert these["atomics"] == 0, f"{case.label()}: atomics in a deterministic kernel"
         if case.grouped:
             assert these == baseline, f"{case.label()} compiles to other loads or exponentials than {baseline}"
         if case.exp2 != "hardware":

@@ -304,3 +304,26 @@ def test_autotuned_kernels_keep_results_on_disk_and_time_gpu_only(monkeypatch):
     assert seen.get("cache_results") is True  # triton >= 3.4 has the option
     # Candidates are timed on the GPU alone (CUDA-graph replay), not through Python launches.
     assert seen.get("do_bench") is tuning.bench_in_cuda_graph
+    assert seen["reset_to_zero"] is None
+    # The one-pass backward's dq sums start from zeros for every timed candidate.
+    from cl_streamkl.kernels.triton.backward import _attention_kl_bwd_dk_kernel
+
+    tuning.tuned(_attention_kl_bwd_dk_kernel, "bwd", ("TEACHER_GRAD", "ONE_PASS"))
+    assert seen["reset_to_zero"] == ["DQ_SUM", "DQT_SUM"]
+
+
+@pytest.mark.parametrize("tokens, kind, expected", [
+    (197, "fwd", (64, 32, 4, 2)), (197, "dq", (64, 32, 4, 3)), (197, "dk", (64, 64, 4, 2)),
+    (577, "fwd", (64, 32, 4, 2)), (1025, "dq", (64, 32, 4, 3)), (1025, "dk", (128, 64, 4, 2)),
+])
+def test_grouped_kernels_run_fixed_tiles_per_length_bucket(monkeypatch, tokens, kind, expected):
+    monkeypatch.setattr(tuning, "INTERPRETING", False)
+    options = tuning.grouped_launch_options(kind, tokens, tokens, 64, 64, torch.bfloat16)
+    assert (options["BLOCK_M"], options["BLOCK_N"], options["num_warps"], options["num_stages"]) == expected
+
+
+def test_grouped_kernels_past_vit_lengths_or_in_fp32_take_the_single_kernels_tiles(monkeypatch):
+    monkeypatch.setattr(tuning, "INTERPRETING", False)
+    for tokens, dtype, head_dim in ((4097, torch.bfloat16, 64), (197, torch.float32, 64), (197, torch.float16, 256)):
+        assert tuning.grouped_launch_options("dq", tokens, tokens, head_dim, head_dim, dtype) == \
+            tuning.launch_options("bwd", head_dim, head_dim, dtype)

@@ -124,14 +124,27 @@ def test_torch_chunks_give_the_same_answer(device):
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_torch_compile_traces_the_custom_ops(variant, device):
+    """The squared variant's loss uses both vectors; the plain one's per_key alone (no gradient for per_row)."""
     torch.manual_seed(5)
     q, k = make_inputs((1, 2, 20, 20, 32), torch.float32, device)
 
     def loss(q, k):
         per_key, per_row = pooled_attention(q, k, squared=VARIANTS[variant], backend="triton")
-        return per_key.square().sum() + 2.0 * per_row.sum()
+        return per_key.square().sum() + 2.0 * per_row.sum() if variant == "squared" else per_key.square().sum()
 
     assert_compiled_matches_eager(loss, (q, k), (q, k), backend="aot_eager")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA and the inductor GPU backend")
+def test_torch_compile_inductor_fullgraph_on_gpu():
+    torch.manual_seed(6)
+    q, k = make_inputs((2, 4, 257, 257, 64), torch.bfloat16, "cuda")
+
+    def loss(q, k):
+        per_key, per_row = pooled_attention(q, k, backend="triton")
+        return per_key.square().sum() + per_row.sum()
+
+    assert_compiled_matches_eager(loss, (q, k), (q, k))
 
 
 def test_no_double_backward(device):

@@ -11,11 +11,13 @@ Classes are the sorted sub-folder names, as in ``torchvision.datasets.ImageFolde
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 
+from cl_streamkl.experiment.data.errors import DataError
 from cl_streamkl.experiment.data.images import FileImages
 from cl_streamkl.experiment.data.stream import LabeledSplits
 
@@ -23,7 +25,12 @@ TEST_FRACTION = 0.2
 
 
 def _samples(folder: Path, class_to_idx: dict[str, int]) -> tuple[list[str], list[int]]:
+    """Every image file under ``folder``'s class folders, with its class; a dangling link is refused."""
     pairs = make_dataset(str(folder), class_to_idx, extensions=IMG_EXTENSIONS, allow_empty=True)
+    missing = [p for p, _ in pairs if not os.path.isfile(p)]  # a link whose target is gone
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise DataError(f"imagefolder: {missing[0]}{more} is a link to a missing file; replace or remove it")
     return [p for p, _ in pairs], [t for _, t in pairs]
 
 
@@ -43,7 +50,9 @@ def load_image_folder(
 
     Raises:
         ValueError: ``root`` is not a directory, has no class folders or no images,
-            or the train and test folders name different classes.
+            or the train and test folders name different classes;
+            :class:`~cl_streamkl.experiment.data.errors.DataError` (a ValueError) for a
+            link to a missing file.
     """
     root = Path(root).expanduser()
     if not root.is_dir():

@@ -20,6 +20,8 @@ import torch.nn.functional as F
 from PIL import Image
 from torch.utils.data import Dataset
 
+from cl_streamkl.experiment.data.errors import DataError
+
 
 def _resize_and_normalise(image: torch.Tensor, image_size: int) -> torch.Tensor:
     """(C, H, W) float in [0, 1] → (C, image_size, image_size) normalised to [-1, 1]."""
@@ -78,6 +80,9 @@ class TensorImages(Dataset):
 class FileImages(Dataset):
     """Images stored one per file (JPEG, PNG, ...), decoded on access.
 
+    A file that cannot be decoded raises :class:`~cl_streamkl.experiment.data.errors.DataError`
+    naming it.
+
     Args:
         paths: image file paths, one per sample.
         targets: integer class label per path.
@@ -101,8 +106,11 @@ class FileImages(Dataset):
         return len(self.targets)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        with Image.open(self.paths[index]) as img:
-            array = np.asarray(img.convert("L" if self.in_chans == 1 else "RGB"), dtype=np.uint8)
+        try:
+            with Image.open(self.paths[index]) as img:
+                array = np.asarray(img.convert("L" if self.in_chans == 1 else "RGB"), dtype=np.uint8)
+        except (OSError, ValueError) as err:  # missing, unreadable, truncated or not an image
+            raise DataError(f"cannot read image {self.paths[index]}: {err}; replace or remove it") from None
         image = torch.from_numpy(array.copy()).float() / 255.0
         image = image.unsqueeze(0) if image.ndim == 2 else image.permute(2, 0, 1)
         return _resize_and_normalise(image, self.image_size), self.targets[index]

@@ -4,7 +4,9 @@ With P = softmax(s) recomputed from the forward's log-sum-exps (base 2),
     dS_student = g·(P_s − P_t)·scale_s/T,
     dS_teacher = g·P_t·(log P_t − log P_s − KL_i)·scale_t/T (only when asked);
 the dq kernels stream over key tiles for one query tile, the dk kernels over query tiles
-for one key tile, so none needs atomics. Both come as one-problem kernels; for L problems of
+for one key tile, so none needs atomics and the gradients are deterministic. Opt-in, the dk
+kernels also give dq (ONE_PASS: each score tile computed once, dq added up in float32 with
+atomics, as FlashAttention-2 does); the dq kernel is then not launched. Both come as one-problem kernels; for L problems of
 one shape (addresses, strides and scales from a table, see ``common.table_rows``) one grouped
 kernel serves as either, by its KEY_SIDE constant. All run the same ``_dq_rows`` / ``_dk_keys``. Kernel names keep
 Triton's leading underscore: they are the names profilers show (benchmarks/profile_step.py
@@ -199,10 +201,11 @@ def _attention_kl_bwd_dq_kernel(
 def _bwd_dk_tile(
     q_base, qt_base, grad_base, row_base, LSE_S, LSE_T, ROW_KL,
     stride_qn, stride_qtn, stride_gn,
-    k, kt, keys, rows, n_q, d_s, d_t, dims_s, dims_t, dk, dkt,
+    k, kt, keys, rows, n_q, d_s, d_t, dims_s, dims_t, dk, dkt, dq_sum_base, dqt_sum_base,
     scale_s_log2, scale_t_log2,
     MASKED: tl.constexpr, TEACHER_GRAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
     GRAD_AFTER_DOT: tl.constexpr, POLY_EXP2_DEGREE: tl.constexpr, POLY_EXP2_SPLITS: tl.constexpr,
+    ONE_PASS: tl.constexpr,
 ):
     rows64 = rows.to(tl.int64)
     row_ok = rows < n_q
@@ -223,10 +226,26 @@ def _bwd_dk_tile(
         log2_p_s, log2_p_t, grad[None, :], row_kl[None, :], valid, MASKED, TEACHER_GRAD, not GRAD_AFTER_DOT,
         POLY_EXP2_DEGREE, POLY_EXP2_SPLITS,
     )
-    dk += dot(grad_scores.to(q.dtype), q, DOT_PRECISION)
+    grad_scores = grad_scores.to(q.dtype)
+    dk += dot(grad_scores, q, DOT_PRECISION)
+    if ONE_PASS:
+        # This key tile's share of dq: added into float32 sums that other key tiles share.
+        _add_rows(dq_sum_base, rows64, row_ok, dims_s, d_s, dot(tl.trans(grad_scores), k, DOT_PRECISION))
     if TEACHER_GRAD:
-        dkt += dot(grad_scores_t.to(qt.dtype), qt, DOT_PRECISION)
+        grad_scores_t = grad_scores_t.to(qt.dtype)
+        dkt += dot(grad_scores_t, qt, DOT_PRECISION)
+        if ONE_PASS:
+            _add_rows(dqt_sum_base, rows64, row_ok, dims_t, d_t, dot(tl.trans(grad_scores_t), kt, DOT_PRECISION))
     return dk, dkt
+
+
+@triton.jit
+def _add_rows(base, rows64, row_ok, dims, dim_limit, values):
+    """Atomically add a [rows, dims] float32 tile into rows of a contiguous [N, dim_limit] float32 sum."""
+    tl.atomic_add(
+        base + rows64[:, None] * dim_limit + dims[None, :], values,
+        mask=row_ok[:, None] & (dims[None, :] < dim_limit), sem="relaxed",
+    )
 
 
 @triton.jit
@@ -236,16 +255,22 @@ def _dk_keys(
     grad_base, stride_gn,  # GRAD at this (batch, head)
     ROW_KL, LSE_S, LSE_T, row_base,  # and the index of this (batch, head)'s row 0 in them
     dk_base, dkt_base, stride_on, stride_otn,  # DK and DKT at this (batch, head)
+    dq_sum_base, dqt_sum_base,  # ONE_PASS: row 0 of this (batch, head) in DQ_SUM, DQT_SUM
     pid_n, n_q, n_k, d_s, d_t, scale_s_log2, scale_t_log2, scale_s, scale_t,
     CAUSAL: tl.constexpr, TEACHER_GRAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
     GRAD_AFTER_DOT: tl.constexpr, POLY_EXP2_DEGREE: tl.constexpr, POLY_EXP2_SPLITS: tl.constexpr,
+    ONE_PASS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DS: tl.constexpr, BLOCK_DT: tl.constexpr,
 ):
     """dk (and dk_t) of key tile ``pid_n`` of one (batch, head), streaming over its queries.
 
-    Transposed orientation: keys past Nk need no mask, their rows of dk are never stored.
+    Transposed orientation: keys past Nk need no mask, their rows of dk are never stored
+    (and their K rows load as zeros, so they add nothing to dq).
     GRAD_AFTER_DOT is only set when g is the same for every query row of this (batch, head)
     (GRAD's row stride is 0, as after a mean or sum): then g multiplies dk once at the end.
+    With ONE_PASS the same score tiles also give dq: each query tile's dSᵀ·K is added into the
+    float32 sums DQ_SUM (and DQT_SUM) with atomics, which the launcher scales (by g too under
+    GRAD_AFTER_DOT) and casts.
     """
     keys = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     keys64 = keys.to(tl.int64)
@@ -268,9 +293,9 @@ def _dk_keys(
             dk, dkt = _bwd_dk_tile(
                 q_base, qt_base, grad_base, row_base, LSE_S, LSE_T, ROW_KL,
                 stride_qn, stride_qtn, stride_gn,
-                k, kt, keys, start_m + offs_m, n_q, d_s, d_t, dims_s, dims_t, dk, dkt,
+                k, kt, keys, start_m + offs_m, n_q, d_s, d_t, dims_s, dims_t, dk, dkt, dq_sum_base, dqt_sum_base,
                 scale_s_log2, scale_t_log2, True, TEACHER_GRAD, DOT_PRECISION, GRAD_AFTER_DOT,
-                POLY_EXP2_DEGREE, POLY_EXP2_SPLITS,
+                POLY_EXP2_DEGREE, POLY_EXP2_SPLITS, ONE_PASS,
             )
     else:
         unmasked_start = 0
@@ -278,9 +303,9 @@ def _dk_keys(
         dk, dkt = _bwd_dk_tile(
             q_base, qt_base, grad_base, row_base, LSE_S, LSE_T, ROW_KL,
             stride_qn, stride_qtn, stride_gn,
-            k, kt, keys, start_m + offs_m, n_q, d_s, d_t, dims_s, dims_t, dk, dkt,
+            k, kt, keys, start_m + offs_m, n_q, d_s, d_t, dims_s, dims_t, dk, dkt, dq_sum_base, dqt_sum_base,
             scale_s_log2, scale_t_log2, False, TEACHER_GRAD, DOT_PRECISION, GRAD_AFTER_DOT,
-            POLY_EXP2_DEGREE, POLY_EXP2_SPLITS,
+            POLY_EXP2_DEGREE, POLY_EXP2_SPLITS, ONE_PASS,
         )
 
     if GRAD_AFTER_DOT:
@@ -312,6 +337,8 @@ def _attention_kl_bwd_dk_kernel(
     LSE_T,  # [B, H, Nq] float32, contiguous, base 2
     DK,  # [B, H, Nk, Ds], unit stride in Ds
     DKT,  # [B, H, Nk, Dt], unit stride in Dt; unused unless TEACHER_GRAD
+    DQ_SUM,  # [B, H, Nq, Ds] float32, contiguous, zeros; used only when ONE_PASS
+    DQT_SUM,  # [B, H, Nq, Dt] float32, contiguous, zeros; used only when ONE_PASS and TEACHER_GRAD
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
     stride_qtb, stride_qth, stride_qtn,
@@ -329,6 +356,7 @@ def _attention_kl_bwd_dk_kernel(
     GRAD_AFTER_DOT: tl.constexpr,  # only when GRAD's row stride is 0 (see _dk_keys)
     POLY_EXP2_DEGREE: tl.constexpr,
     POLY_EXP2_SPLITS: tl.constexpr,
+    ONE_PASS: tl.constexpr,  # also add up dq (see _dk_keys)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_DS: tl.constexpr,
@@ -340,9 +368,10 @@ def _attention_kl_bwd_dk_kernel(
         QT + batch * stride_qtb + head * stride_qth, KT + batch * stride_ktb + head * stride_kth,
         stride_qn, stride_kn, stride_qtn, stride_ktn, GRAD + batch * stride_gb + head * stride_gh, stride_gn,
         ROW_KL, LSE_S, LSE_T, pid_bh * n_q, DK + batch * stride_ob + head * stride_oh,
-        DKT + batch * stride_otb + head * stride_oth, stride_on, stride_otn, pid_n, n_q, n_k, d_s, d_t,
+        DKT + batch * stride_otb + head * stride_oth, stride_on, stride_otn,
+        DQ_SUM + pid_bh * n_q * d_s, DQT_SUM + pid_bh * n_q * d_t, pid_n, n_q, n_k, d_s, d_t,
         scale_s_log2, scale_t_log2, scale_s, scale_t, CAUSAL, TEACHER_GRAD, DOT_PRECISION, GRAD_AFTER_DOT,
-        POLY_EXP2_DEGREE, POLY_EXP2_SPLITS, BLOCK_M, BLOCK_N, BLOCK_DS, BLOCK_DT,
+        POLY_EXP2_DEGREE, POLY_EXP2_SPLITS, ONE_PASS, BLOCK_M, BLOCK_N, BLOCK_DS, BLOCK_DT,
     )
 
 
@@ -351,6 +380,7 @@ def _attention_kl_grouped_bwd_kernel(
     TABLE,  # [L, BACKWARD_TABLE_WIDTH] int64: scales, q, k, q_t, k_t, dq, dq_t, dk, dk_t (common.table_rows)
     GRAD,  # [L, B, H, Nq] float32, any strides
     ROW_KL, LSE_S, LSE_T,  # [L, B, H, Nq] float32, contiguous; ROW_KL read only when TEACHER_GRAD
+    DQ_SUM, DQT_SUM,  # [L, B, H, Nq, Ds] and [..., Dt] float32, contiguous, zeros; only KEY_SIDE with ONE_PASS
     stride_gl, stride_gb, stride_gh, stride_gn,
     batch_size, num_heads, n_q, n_k, d_s, d_t,  # shared by all L problems
     N_Q_BUCKET, N_K_BUCKET,
@@ -359,6 +389,7 @@ def _attention_kl_grouped_bwd_kernel(
     CAUSAL: tl.constexpr, TEACHER_GRAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
     GRAD_AFTER_DOT: tl.constexpr,  # see _dq_rows and _dk_keys
     POLY_EXP2_DEGREE: tl.constexpr, POLY_EXP2_SPLITS: tl.constexpr,
+    ONE_PASS: tl.constexpr,  # KEY_SIDE also adds up dq (see _dk_keys); the dq launch is skipped
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DS: tl.constexpr, BLOCK_DT: tl.constexpr,
 ):
     # One kernel for both sides (the launcher launches it twice, KEY_SIDE False then True):
@@ -381,9 +412,10 @@ def _attention_kl_grouped_bwd_kernel(
     scale_s, scale_t = table_scale(entry, 2), table_scale(entry, 3)
     if KEY_SIDE:
         _dk_keys(q_base, k_base, qt_base, kt_base, stride_qn, stride_kn, stride_qtn, stride_ktn, grad_base, stride_gn,
-                 ROW_KL, LSE_S, LSE_T, pid_bh * n_q, out_base, out_t_base, stride_on, stride_otn, tile, n_q, n_k,
+                 ROW_KL, LSE_S, LSE_T, pid_bh * n_q, out_base, out_t_base, stride_on, stride_otn,
+                 DQ_SUM + pid_bh * n_q * d_s, DQT_SUM + pid_bh * n_q * d_t, tile, n_q, n_k,
                  d_s, d_t, scale_s_log2, scale_t_log2, scale_s, scale_t, CAUSAL, TEACHER_GRAD, DOT_PRECISION,
-                 GRAD_AFTER_DOT, POLY_EXP2_DEGREE, POLY_EXP2_SPLITS, BLOCK_M, BLOCK_N, BLOCK_DS, BLOCK_DT)
+                 GRAD_AFTER_DOT, POLY_EXP2_DEGREE, POLY_EXP2_SPLITS, ONE_PASS, BLOCK_M, BLOCK_N, BLOCK_DS, BLOCK_DT)
     else:
         _dq_rows(q_base, k_base, qt_base, kt_base, stride_qn, stride_kn, stride_qtn, stride_ktn, grad_base, stride_gn,
                  ROW_KL, LSE_S, LSE_T, pid_bh * n_q, out_base, out_t_base, stride_on, stride_otn, tile, n_q, n_k,

@@ -26,7 +26,7 @@ from cl_streamkl.kernels.triton.backward import (
 from cl_streamkl.kernels.triton.common import BACKWARD_TABLE_WIDTH, FORWARD_TABLE_WIDTH, INTERPRETING
 from cl_streamkl.kernels.triton.forward import _attention_kl_fwd_kernel, _attention_kl_grouped_fwd_kernel
 from cl_streamkl.kernels.triton.launch_cache import KernelLauncher
-from cl_streamkl.kernels.triton.tuning import block_dim, launch_options, length_bucket, tuned
+from cl_streamkl.kernels.triton.tuning import block_dim, grouped_launch_options, launch_options, length_bucket, tuned
 from cl_streamkl.kernels.triton.variants import exp2_constants
 
 LOG2_E = 1.4426950408889634
@@ -37,11 +37,11 @@ def _launcher(kernel, kind: str, extra_keys: tuple[str, ...] = ()) -> KernelLaun
 
 FORWARD_LAUNCHER = _launcher(_attention_kl_fwd_kernel, "fwd")
 BACKWARD_DQ_LAUNCHER = _launcher(_attention_kl_bwd_dq_kernel, "bwd", ("TEACHER_GRAD",))
-BACKWARD_DK_LAUNCHER = _launcher(_attention_kl_bwd_dk_kernel, "bwd", ("TEACHER_GRAD",))
+BACKWARD_DK_LAUNCHER = _launcher(_attention_kl_bwd_dk_kernel, "bwd", ("TEACHER_GRAD", "ONE_PASS"))
 GROUPED_FORWARD_LAUNCHER = _launcher(_attention_kl_grouped_fwd_kernel, "fwd")
 # One grouped backward kernel serves both sides (KEY_SIDE), tuned per side; each side keeps its
 # own launcher and replay cache.
-_GROUPED_BACKWARD = tuned(_attention_kl_grouped_bwd_kernel, "bwd", ("TEACHER_GRAD", "KEY_SIDE"))
+_GROUPED_BACKWARD = tuned(_attention_kl_grouped_bwd_kernel, "bwd", ("TEACHER_GRAD", "KEY_SIDE", "ONE_PASS"))
 GROUPED_BACKWARD_DQ_LAUNCHER = KernelLauncher(_GROUPED_BACKWARD, replay=not INTERPRETING)
 GROUPED_BACKWARD_DK_LAUNCHER = KernelLauncher(_GROUPED_BACKWARD, replay=not INTERPRETING)
 # By name, for code that inspects the launchers (their replay caches, the autotuned tiles).
@@ -120,8 +120,14 @@ def _forward_constants(dtype: torch.dtype, d_s: int, d_t: int, causal: bool) -> 
     )
 
 
+def one_pass_backward() -> bool:
+    """Whether the backward runs as one key-side kernel that also adds up dq (see ``kernels.config``)."""
+    options = get_kernel_options()
+    return options.backward == "onepass" and not options.deterministic
+
+
 def _backward_constants(
-    dtype: torch.dtype, grad_rows: torch.Tensor, d_s: int, d_t: int, causal: bool, teacher_grad: bool
+    dtype: torch.dtype, grad_rows: torch.Tensor, d_s: int, d_t: int, causal: bool, teacher_grad: bool, one_pass: bool
 ) -> tuple[dict, dict]:
     """Compile-time constants of the dq kernel and of the dk kernel.
 
@@ -131,11 +137,32 @@ def _backward_constants(
     options = get_kernel_options()
     uniform_rows = grad_rows.stride(-1) == 0 or grad_rows.size(-1) == 1
     common = dict(CAUSAL=causal, TEACHER_GRAD=teacher_grad, DOT_PRECISION=_dot_precision(dtype))
-    tail = dict(**exp2_constants(options, backward=True, dtype=dtype), BLOCK_DS=block_dim(d_s), BLOCK_DT=block_dim(d_t))
+    tail = exp2_constants(options, backward=True, dtype=dtype)
+    dims = dict(BLOCK_DS=block_dim(d_s), BLOCK_DT=block_dim(d_t))
     return (
-        {**common, "GRAD_AFTER_DOT": options.grad_after_dot, **tail},
-        {**common, "GRAD_AFTER_DOT": options.grad_after_dot and uniform_rows, **tail},
+        {**common, "GRAD_AFTER_DOT": options.grad_after_dot, **tail, **dims},
+        {**common, "GRAD_AFTER_DOT": options.grad_after_dot and uniform_rows, **tail, "ONE_PASS": one_pass, **dims},
     )
+
+
+def _dq_sums(
+    shapes: tuple[torch.Size, torch.Size], problems: int, device: torch.device, teacher_grad: bool, unused: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The one-pass backward's float32 sums of dq and dq_teacher: zeros, [problems, B, H, Nq, D] each.
+
+    Without teacher gradients the kernels never touch the second, and ``unused`` stands in.
+    """
+    q_shape, q_teacher_shape = shapes
+    dq_sum = torch.zeros((problems, *q_shape), dtype=torch.float32, device=device)
+    if not teacher_grad:
+        return dq_sum, unused
+    return dq_sum, torch.zeros((problems, *q_teacher_shape), dtype=torch.float32, device=device)
+
+
+def _store_dq(sums: torch.Tensor, out: torch.Tensor, scale: float, grad_rows: torch.Tensor, times_grad: bool) -> None:
+    """out = sums · scale (· g per row when the key-side kernel left g out), in out's dtype and layout."""
+    factor = grad_rows[..., None] * scale if times_grad else scale
+    out.copy_(sums.mul_(factor))
 
 
 def launch_forward(
@@ -184,9 +211,10 @@ def launch_forward(
 def launch_backward(grad_rows: torch.Tensor, saved: BackwardInputs) -> list[torch.Tensor]:
     """Run the backward: the query-side kernel, then the key-side kernel.
 
-    Each recomputes both probability tiles; neither uses atomics, so the gradients
-    are deterministic (a single kernel adding dq up with atomics measured slower on
-    the H200, see benchmarks/TUNING_NOTES.md).
+    Each recomputes both probability tiles; neither uses atomics, so the gradients are
+    deterministic. With ``kernel_options(backward="onepass")`` (and not ``deterministic``) the
+    key-side kernel alone runs and also adds dq up in float32 with atomics (docs/tuning-log.md
+    has its timings): 4·D bytes per query row more memory, a summation order that varies.
 
     Args:
         grad_rows: upstream gradient of the per-row KL, (B, H, Nq), any strides.
@@ -201,6 +229,7 @@ def launch_backward(grad_rows: torch.Tensor, saved: BackwardInputs) -> list[torc
     batch, heads, n_q, d_s = q.shape
     n_k, d_t = k.size(2), q_teacher.size(3)
     grad_rows = grad_rows.float()
+    one_pass = one_pass_backward()
     grad_q = empty_gradient_for(q)
     grad_k = empty_gradient_for(k)
     if teacher_grad:
@@ -209,6 +238,10 @@ def launch_backward(grad_rows: torch.Tensor, saved: BackwardInputs) -> list[torc
     else:
         # Never written: TEACHER_GRAD=False compiles the teacher stores away.
         grad_q_teacher = grad_k_teacher = grad_q
+    if one_pass:
+        dq_sum, dq_teacher_sum = _dq_sums((q.shape, q_teacher.shape), 1, q.device, teacher_grad, lse_student)
+    else:
+        dq_sum = dq_teacher_sum = lse_student  # never read
     common = (
         q,
         k,
@@ -222,11 +255,12 @@ def launch_backward(grad_rows: torch.Tensor, saved: BackwardInputs) -> list[torc
     problem_args = _problem_args(q, k, q_teacher, k_teacher, student_scale, teacher_scale)
     input_strides, sizes_and_scales = problem_args[:12], problem_args[12:]
 
-    def arguments(output: torch.Tensor, output_teacher: torch.Tensor) -> tuple:
+    def arguments(output: torch.Tensor, output_teacher: torch.Tensor, *sums: torch.Tensor) -> tuple:
         return (
             *common,
             output,
             output_teacher,
+            *sums,
             *input_strides,
             *_strides3(grad_rows),
             *_strides3(output),
@@ -238,17 +272,23 @@ def launch_backward(grad_rows: torch.Tensor, saved: BackwardInputs) -> list[torc
             length_bucket(n_k),
         )
 
-    dq_constants, dk_constants = _backward_constants(q.dtype, grad_rows, d_s, d_t, causal, teacher_grad)
+    dq_constants, dk_constants = _backward_constants(q.dtype, grad_rows, d_s, d_t, causal, teacher_grad, one_pass)
     options = launch_options("bwd", d_s, d_t, q.dtype)
     with _device_guard(q):
-        BACKWARD_DQ_LAUNCHER(
-            arguments(grad_q, grad_q_teacher), dq_constants, options,
-            length=n_q, batch_heads=batch * heads, block="BLOCK_M",
-        )
+        if not one_pass:
+            BACKWARD_DQ_LAUNCHER(
+                arguments(grad_q, grad_q_teacher), dq_constants, options,
+                length=n_q, batch_heads=batch * heads, block="BLOCK_M",
+            )
         BACKWARD_DK_LAUNCHER(
-            arguments(grad_k, grad_k_teacher), dk_constants, options,
+            arguments(grad_k, grad_k_teacher, dq_sum, dq_teacher_sum), dk_constants, options,
             length=n_k, batch_heads=batch * heads, block="BLOCK_N",
         )
+    if one_pass:
+        times_grad = dk_constants["GRAD_AFTER_DOT"]
+        _store_dq(dq_sum[0], grad_q, student_scale, grad_rows, times_grad)
+        if teacher_grad:
+            _store_dq(dq_teacher_sum[0], grad_q_teacher, teacher_scale, grad_rows, times_grad)
     if teacher_grad:
         return [grad_q, grad_k, grad_q_teacher, grad_k_teacher]
     return [grad_q, grad_k]
@@ -337,7 +377,7 @@ def launch_grouped_forward(
             (table, rows, lse_student, lse_teacher, batch, heads, n_q, n_k, d_s, d_t,
              length_bucket(n_q), length_bucket(n_k)),
             dict(ELEMENT=_TRITON_DTYPES[q[0].dtype], ALIGNED=aligned, **_forward_constants(q[0].dtype, d_s, d_t, causal)),
-            launch_options("fwd", d_s, d_t, q[0].dtype),
+            grouped_launch_options("fwd", n_q, n_k, d_s, d_t, q[0].dtype),
             length=n_q,
             batch_heads=len(q) * batch * heads,
             block="BLOCK_M",
@@ -347,6 +387,8 @@ def launch_grouped_forward(
 
 def launch_grouped_backward(grad_rows: torch.Tensor, saved: BackwardInputs) -> list[torch.Tensor]:
     """Run the grouped backward: one dq launch and one dk launch for all L problems.
+
+    With the one-pass backward (:func:`launch_backward`), the dk launch alone.
 
     Args:
         grad_rows: upstream gradient of the per-row KL, (L, B, H, Nq), any strides.
@@ -363,6 +405,7 @@ def launch_grouped_backward(grad_rows: torch.Tensor, saved: BackwardInputs) -> l
     batch, heads, n_q, d_s = q[0].shape
     n_k, d_t = k[0].size(2), q_teacher[0].size(3)
     grad_rows = grad_rows.float()
+    one_pass = one_pass_backward()
     grad_q = [empty_gradient_for(tensor) for tensor in q]
     grad_k = [empty_gradient_for(tensor) for tensor in k]
     if teacher_grad:
@@ -371,28 +414,42 @@ def launch_grouped_backward(grad_rows: torch.Tensor, saved: BackwardInputs) -> l
     else:
         # Never written: TEACHER_GRAD=False compiles the teacher stores away.
         grad_q_teacher, grad_k_teacher = grad_q, grad_k
+    if one_pass:
+        dq_sum, dq_teacher_sum = _dq_sums(
+            (q[0].shape, q_teacher[0].shape), len(q), q[0].device, teacher_grad, lse_student
+        )
+    else:
+        dq_sum = dq_teacher_sum = lse_student  # never read
     table, aligned = _table(
         list(zip(q, k, q_teacher, k_teacher, grad_q, grad_q_teacher, grad_k, grad_k_teacher)),
         _grouped_scales(student_scales, teacher_scales),
         BACKWARD_TABLE_WIDTH.value,
     )
     arguments = (
-        table, grad_rows, row_kl, lse_student, lse_teacher, *grad_rows.stride(),
+        table, grad_rows, row_kl, lse_student, lse_teacher, dq_sum, dq_teacher_sum, *grad_rows.stride(),
         batch, heads, n_q, n_k, d_s, d_t, length_bucket(n_q), length_bucket(n_k),
     )
     table_constants = dict(ELEMENT=_TRITON_DTYPES[q[0].dtype], ALIGNED=aligned)
-    dq_constants, dk_constants = _backward_constants(q[0].dtype, grad_rows, d_s, d_t, causal, teacher_grad)
-    options = launch_options("bwd", d_s, d_t, q[0].dtype)
+    dq_constants, dk_constants = _backward_constants(q[0].dtype, grad_rows, d_s, d_t, causal, teacher_grad, one_pass)
+    dq_options, dk_options = (grouped_launch_options(kind, n_q, n_k, d_s, d_t, q[0].dtype) for kind in ("dq", "dk"))
     programs = len(q) * batch * heads
     with _device_guard(q[0]):
-        GROUPED_BACKWARD_DQ_LAUNCHER(
-            arguments, {**table_constants, "KEY_SIDE": False, **dq_constants}, options,
-            length=n_q, batch_heads=programs, block="BLOCK_M",
-        )
+        if not one_pass:
+            GROUPED_BACKWARD_DQ_LAUNCHER(
+                arguments, {**table_constants, "KEY_SIDE": False, **dq_constants, "ONE_PASS": False}, dq_options,
+                length=n_q, batch_heads=programs, block="BLOCK_M",
+            )
         GROUPED_BACKWARD_DK_LAUNCHER(
-            arguments, {**table_constants, "KEY_SIDE": True, **dk_constants}, options,
+            arguments, {**table_constants, "KEY_SIDE": True, **dk_constants}, dk_options,
             length=n_k, batch_heads=programs, block="BLOCK_N",
         )
+    if one_pass:
+        times_grad = dk_constants["GRAD_AFTER_DOT"]
+        for problem in range(len(q)):
+            _store_dq(dq_sum[problem], grad_q[problem], student_scales[problem], grad_rows[problem], times_grad)
+            if teacher_grad:
+                _store_dq(dq_teacher_sum[problem], grad_q_teacher[problem], teacher_scales[problem],
+                          grad_rows[problem], times_grad)
     grads = grad_q + grad_k
     if teacher_grad:
         grads += grad_q_teacher + grad_k_teacher

@@ -135,6 +135,28 @@ def launch_options(kind: str, d_s: int, d_t: int, dtype: torch.dtype) -> dict:
     return {} if autotuning() else _heuristic_options(kind, max(d_s, d_t), dtype.itemsize)
 
 
+# The grouped kernels at ViT lengths (every distilled block in one launch) run fixed tiles per
+# length bucket, (BLOCK_M, BLOCK_N, warps, stages) for the forward, the dq and the dk kernel,
+# not the autotuner's: its candidates are timed with their inputs warm in the L2 cache, which
+# 12 blocks' inputs are not (at 16x12x1025x64 its grouped forward ran slower than 12 separate
+# calls). Each is the fastest of a sweep of 12 blocks on the H200 at 197, 577 and 1025 tokens
+# (docs/tuning-log.md, "Grouped kernels: tiles per length bucket").
+GROUPED_TILES: dict[int, dict[str, tuple[int, int, int, int]]] = {
+    256: {"fwd": (64, 32, 4, 2), "dq": (64, 32, 4, 3), "dk": (64, 64, 4, 2)},
+    SHORT_SEQUENCE_BUCKET: {"fwd": (64, 32, 4, 2), "dq": (64, 32, 4, 3), "dk": (128, 64, 4, 2)},
+}
+
+
+def grouped_launch_options(kind: str, n_q: int, n_k: int, d_s: int, d_t: int, dtype: torch.dtype) -> dict:
+    """Tiles of a grouped kernel ("fwd", "dq" or "dk"): :data:`GROUPED_TILES` for 2-byte inputs with
+    head dims up to 128 at ViT lengths, else those of :func:`launch_options`."""
+    bucket = max(length_bucket(n_q), length_bucket(n_k))
+    if INTERPRETING or dtype.itemsize != 2 or max(d_s, d_t) > 128 or bucket > SHORT_SEQUENCE_BUCKET:
+        return launch_options("fwd" if kind == "fwd" else "bwd", d_s, d_t, dtype)
+    block_m, block_n, warps, stages = GROUPED_TILES[256 if bucket <= 256 else SHORT_SEQUENCE_BUCKET][kind]
+    return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages}
+
+
 def bench_in_cuda_graph(kernel_call, quantiles):
     """GPU time of one autotuning candidate, replayed from a CUDA graph.
 
@@ -176,9 +198,12 @@ def tuned(kernel, kind: str, extra_keys: tuple[str, ...] = ()):
     if INTERPRETING:
         return kernel
     key = AUTOTUNE_KEY + list(extra_keys)
+    # The one-pass backward adds dq into zeroed sums: every timed candidate must start from zeros.
+    sums = [name for name in ("DQ_SUM", "DQT_SUM") if name in getattr(kernel, "arg_names", ())]
     return triton.autotune(
         configs=autotune_configs(kind),
         key=key,
         prune_configs_by={"early_config_prune": functools.partial(prune_configs, kind=kind)},
+        reset_to_zero=sums or None,
         **_AUTOTUNE_OPTIONS,
     )(kernel)

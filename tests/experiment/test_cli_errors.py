@@ -1,0 +1,178 @@
+"""What `cl-streamkl run` refuses, in one line and before anything is written, and failed writes."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from cli_helpers import one_line_error, run_cli
+
+from cl_streamkl.experiment import cli, runner
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--strategies", "naive", "gem"], "unknown strategy component 'gem'"),
+        (["--scenario", "task", "--strategies", "wa"], "needs scenario 'class'"),
+        (["--scenario", "domain", "--first-experience-classes", "4"], "first_experience_classes needs scenario"),
+        (["--experiences", "3"], "must divide the 10 classes"),
+        (["--dataset", "mnist"], "got 'mnist' (did you mean 'mnist5k'"),
+        (["--model", "vit_tinyy_patch16_224"], "unknown timm model 'vit_tinyy_patch16_224'; did you mean"),
+        (["--model", "resnet18"], "ViT-family"),
+        (["--dataset", "cifar10"], "needs --data-root"),
+        (["--dataset", "cifar10", "--data-root", "/nonexistent/cifar"], "does not exist"),
+        (["--image-size", "30", "--patch-size", "4"], "not divisible by patch size"),
+        (["--layers", "first"], "expected 'all', an integer"),
+        (["--eval-split", "val", "--val-fraction", "0"], "val_fraction > 0"),
+        (["--pretrained-file", "/nonexistent/w.pth"], "does not exist"),
+        (["--strategies", "naive", "joint+lwf"], "joint trains once on every experience's data together"),
+        (["--model-kwargs", "pretrained=True"], "would download weights, and nothing is downloaded here: pass a "
+                                                "local weights file with --pretrained-file"),
+        # Found by building the model and running the penalty before anything is written:
+        (["--layers", "7"], "strategy 'streamkl': streamkl cannot distil vit_tiny_patch16_224: layers=7 selects"),
+        (["--layers", "0,9"], "layer index 9 is out of range for a model with 4 blocks"),
+        (["--strategies", "pad", "--layers", "0,-5"], "strategy 'pad': pad cannot distil"),
+        (["--temperature", "1e-40"], "scale / temperature"),
+        (["--scenario", "domain", "--experiences", "200"], "training samples for 200 domains"),
+    ],
+)
+def test_errors_exit_nonzero_with_message(tmp_path, capsys, args, message):
+    out = tmp_path / "x"
+    rc = cli.main(["run", "--no-progress", "--epochs", "1", "--out", str(out), *args])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert err.startswith("cl-streamkl: error: ") and err.count("\n") == 1
+    # Checked before the folder is claimed: the same --out takes a corrected run (and --resume has nothing).
+    assert not out.exists()
+
+
+def test_backend_that_cannot_run_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    import cl_streamkl.kernels.triton as triton_kernels
+
+    monkeypatch.setattr(triton_kernels, "INTERPRETING", False)  # a CPU without Triton's interpreter
+    rc, out = run_cli(tmp_path, "triton", "--kl-backend", "triton", "--strategies", "streamkl")
+    assert rc == 2
+    assert "backend='triton' needs CUDA tensors" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_registered_attention_whose_scores_cannot_be_read_is_refused_before_training(tmp_path, capsys, monkeypatch):
+    import torch.nn.functional as F
+    from timm.layers import Attention
+
+    def einsum_forward(self, x, attn_mask=None, **kwargs):
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        weights = F.softmax(torch.einsum("bhqd,bhkd->bhqk", q, k) * self.scale, dim=-1)
+        return self.proj(torch.einsum("bhqk,bhkd->bhqd", weights, v).transpose(1, 2).reshape(b, n, c))
+
+    # timm's Attention stays registered, but its scores are now formed in a way QKCapture cannot read.
+    monkeypatch.setattr(Attention, "forward", einsum_forward)
+    rc, out = run_cli(tmp_path, "einsum", "--strategies", "naive", "lwf+streamkl")
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "strategy 'lwf+streamkl': streamkl cannot distil" in err and "cannot read the attention scores" in err
+    assert not out.exists()
+
+
+def test_missing_wandb_is_a_clear_error(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)
+    rc, out = run_cli(tmp_path, "wandb", "--log", "wandb")
+    assert rc == 2
+    assert "--log wandb needs the wandb package: pip install wandb" in capsys.readouterr().err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("failure", ["read-only checkpoints", "full disk"])
+def test_failed_checkpoint_write_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, capsys, monkeypatch,
+                                                                                failure):
+    from test_checkpoints import disk_full_after, read_only
+
+    from cl_streamkl.experiment.checkpoint import RunIdentity, load_checkpoint
+
+    real_save = runner.save_checkpoint
+
+    def save_then_fail_next(path, state, identity):
+        real_save(path, state, identity)
+        monkeypatch.setattr(runner, "save_checkpoint", real_save)
+        if failure == "full disk":
+            disk_full_after(monkeypatch, 1 << 16)
+        else:
+            read_only(monkeypatch, path.parent)
+
+    monkeypatch.setattr(runner, "save_checkpoint", save_then_fail_next)
+    rc, out = run_cli(tmp_path, "run", "--strategies", "naive", "--experiences", "2")
+    monkeypatch.undo()
+    assert rc == 1
+    err = one_line_error(capsys)
+    ckpt = out / "checkpoints" / "naive-seed0.pt"
+    reason = "No space left on device" if failure == "full disk" else "Permission denied"
+    assert f"cannot write {ckpt}: {reason}; the previous version is kept" in err
+    assert f"continue with: cl-streamkl run --resume {out}" in err
+    assert [p.name for p in ckpt.parent.iterdir()] == [ckpt.name]
+    from cl_streamkl.experiment.config_file import read_config
+
+    config = read_config(out).resolved()
+    assert load_checkpoint(ckpt, RunIdentity("naive", 0, config.fingerprint_json()))["experiences_done"] == 1
+    assert cli.main(["run", "--resume", str(out), "--no-progress"]) == 0
+
+
+def test_read_only_output_folder_is_one_line(tmp_path, capsys, monkeypatch):
+    from test_checkpoints import read_only
+
+    read_only(monkeypatch, tmp_path / "locked")
+    rc, out = run_cli(tmp_path, "locked", "--strategies", "naive", "--experiences", "2")
+    assert rc == 1
+    # the run folder's lock is the first file a run writes
+    assert f"cannot write {out / '.cl-streamkl.lock'}: Permission denied" in one_line_error(capsys)
+
+
+def test_wandb_without_credentials_is_refused_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("NETRC", str(tmp_path / "home" / ".netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "home" / "wandb"))
+    rc, out = run_cli(tmp_path, "wandb", "--log", "wandb")
+    assert rc == 2
+    assert "--log wandb needs W&B credentials: run 'wandb login'" in one_line_error(capsys)
+    assert not out.exists()
+    # a key (not verified: nothing is contacted) or offline mode is enough
+    from cl_streamkl.experiment.loggers import check_loggers
+
+    monkeypatch.setenv("WANDB_API_KEY", "0" * 40)
+    check_loggers(["wandb"])
+    monkeypatch.delenv("WANDB_API_KEY")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    check_loggers(["wandb"])
+
+
+def test_weights_of_another_architecture_are_one_line_naming_the_options_that_fit(tmp_path, capsys):
+    from cl_streamkl.experiment.model import build_model, file_architecture
+
+    source = build_model("vit_tiny_patch16_224", image_size=8, patch_size=2, in_chans=1, num_classes=10,
+                         model_kwargs={"depth": 2, "embed_dim": 128, "num_heads": 2})
+    weights = tmp_path / "w.pth"
+    torch.save(source.state_dict(), weights)
+    assert file_architecture(weights) == {"depth": 2, "embed_dim": 128, "patch_size": 2}
+    rc, out = run_cli(tmp_path, "w", "--strategies", "naive", "--pretrained-file", str(weights))  # 1 block, 16 wide
+    assert rc == 2
+    err = one_line_error(capsys)
+    assert (f"weights in {weights} do not fit 'vit_tiny_patch16_224' with --model-kwargs depth=1 embed_dim=16 "
+            "num_heads=2: the file holds a 2-block, 128-wide ViT; pass --model-kwargs depth=2 embed_dim=128 "
+            "num_heads=2 (64-wide heads") in err and err.rstrip().endswith("--patch-size 2")
+    assert not out.exists()
+
+
+def test_a_weights_file_builds_the_architecture_the_model_names():
+    from cl_streamkl.experiment.config import ExperimentConfig, describe_model
+
+    # The small default kwargs are for random init only: timm's ViT-Ti weights load into ViT-Ti.
+    config = ExperimentConfig(pretrained_file="vit_tiny.pth").resolved()
+    assert config.model_kwargs == {}
+    assert ExperimentConfig().resolved().model_kwargs == {"depth": 4, "embed_dim": 64, "num_heads": 2}
+    assert describe_model(ExperimentConfig().resolved()) == (
+        "vit_tiny_patch16_224 (depth=4 embed_dim=64 num_heads=2), 32 px, patch 8")

@@ -1,0 +1,59 @@
+"""One run per folder: a second run on a folder in use is refused; a killed run leaves no stale lock."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cli_helpers import SMALL, one_line_error
+
+from cl_streamkl.experiment import cli
+from cl_streamkl.experiment.run_lock import LOCK_FILE
+
+ROOT = Path(__file__).resolve().parents[2]
+HOLD_LOCK = ("import sys, time\nfrom cl_streamkl.experiment.run_lock import run_folder_lock\n"
+             "with run_folder_lock(sys.argv[1]):\n    print('locked', flush=True)\n    time.sleep(300)\n")
+
+
+@pytest.fixture
+def lock_holder():
+    """Start a process that holds a folder's lock the way a running run does; it is killed at the end."""
+    processes = []
+
+    def hold(folder: Path) -> subprocess.Popen:
+        process = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(folder)], cwd=ROOT, text=True,
+                                   stdout=subprocess.PIPE)
+        processes.append(process)
+        assert process.stdout.readline().strip() == "locked"
+        return process
+
+    yield hold
+    for process in processes:
+        process.kill()
+        process.wait()
+
+
+def test_a_folder_in_use_is_refused_and_a_killed_run_leaves_it_free(tmp_path, capsys, lock_holder):
+    out = tmp_path / "run"
+    holder = lock_holder(out)
+    assert cli.main(["run", *SMALL, "--out", str(out)]) == 2
+    assert f"'{out}' is in use by another cl-streamkl run" in one_line_error(capsys)
+    assert [p.name for p in out.iterdir()] == [LOCK_FILE]  # nothing of the refused run
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    assert cli.main(["run", *SMALL, "--out", str(out)]) == 0
+    assert (out / "results.json").is_file()
+
+
+def test_resuming_a_folder_in_use_is_refused(tmp_path, capsys, lock_holder):
+    out = tmp_path / "run"
+    assert cli.main(["run", *SMALL, "--out", str(out)]) == 0
+    results = (out / "results.json").read_bytes()
+    lock_holder(out)
+    capsys.readouterr()
+    assert cli.main(["run", "--resume", str(out), "--no-progress"]) == 2
+    assert "is in use by another cl-streamkl run" in one_line_error(capsys)
+    assert (out / "results.json").read_bytes() == results
