@@ -52,6 +52,8 @@ examples:
   cl-streamkl run --scenario task --first-experience-classes 6 --experiences 3
   cl-streamkl run --dataset cifar100 --data-root ~/data --image-size 128 --patch-size 4 \\
       --model vit_small_patch16_224 --pretrained-file vit_small.pth --device cuda --amp bf16
+  cl-streamkl run --dataset cluttered-mnist --patch-size 4 --stem conv --lr-schedule cosine --epochs 30 \\
+      --device cuda --amp bf16                       # 1025 tokens: 28 px digits on cluttered 128 px canvases
   cl-streamkl run --resume runs/20250101-120000      # continue an interrupted run in its folder
   cl-streamkl run --config runs/20250101-120000/config.json --seeds 3 4   # same settings, other seeds
   cl-streamkl run --config settings.yaml             # settings as YAML or JSON, keys named as the flags

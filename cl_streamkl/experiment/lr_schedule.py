@@ -13,7 +13,7 @@ from typing import Any
 
 from avalanche.training.plugins import SupervisedPlugin
 
-LR_SCHEDULES = ("constant", "cosine")
+from cl_streamkl.experiment.config import LR_SCHEDULES
 
 
 def lr_factor(schedule: str, step: int, total_steps: int, warmup_steps: int = 0) -> float:

@@ -9,11 +9,9 @@ from typing import Any
 import timm
 from torch import nn
 
+from cl_streamkl.experiment.config import STEMS
 from cl_streamkl.experiment.conv_stem import ConvStem, stem_convolutions
 from cl_streamkl.experiment.task_heads import MultiHeadViT
-
-# How images become tokens: timm's patch projection, or early convolutions (ConvStem).
-STEMS = ("patch", "conv")
 
 
 def check_model_kwargs(model_kwargs: dict[str, Any]) -> None:

@@ -37,7 +37,7 @@ def build_run_model(config: ExperimentConfig, stream: ExperienceStream, device: 
     return build_model(
         config.model, image_size=config.image_size, patch_size=config.patch_size, in_chans=stream.in_chans,
         num_classes=stream.num_classes, model_kwargs=config.model_kwargs, pretrained_file=config.pretrained_file,
-        head_sizes=stream.head_sizes,
+        head_sizes=stream.head_sizes, stem=config.stem,
     ).to(device)
 
 
@@ -124,7 +124,8 @@ def check_experiment(config: ExperimentConfig, loggers: Sequence[str] = (),
     check_loggers(loggers)
     device = resolve_device(config.device) if data_parallel is None else data_parallel.device
     splits = load_splits(config.dataset, data_root=config.data_root, image_size=config.image_size,
-                         download=config.download, in_chans=config.in_chans, split_seed=config.split_seed)
+                         download=config.download, in_chans=config.in_chans, split_seed=config.split_seed,
+                         clutter=config.clutter_options())
     stream = build_run_stream(config, splits, config.seeds[0])
     model = build_run_model(config, stream, device)
     model.eval()

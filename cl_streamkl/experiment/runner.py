@@ -38,6 +38,7 @@ from cl_streamkl.experiment.data.stream import ExperienceStream, LabeledSplits
 from cl_streamkl.experiment.evaluation import accuracy_per_experience
 from cl_streamkl.experiment.loggers import build_evaluator, build_loggers, close_loggers
 from cl_streamkl.experiment.memory import PeakMemory
+from cl_streamkl.experiment.lr_schedule import LRSchedulePlugin
 from cl_streamkl.experiment.plugin_state import load_plugin_state, plugin_state
 from cl_streamkl.experiment.preflight import build_run_model, build_run_stream, check_experiment
 from cl_streamkl.experiment.progress import ProgressPlugin
@@ -164,12 +165,15 @@ class _Run:
         self.progress = ProgressPlugin(f"{strategy} seed {seed}", len(self.train_experiences),
                                        penalty_source=distiller, enabled=show_progress, data_parallel=data_parallel)
         self.loggers = list(loggers)
+        # Stateless (it reads the iteration of the experience), so it is not checkpointed.
+        schedule = ([LRSchedulePlugin(config.lr_schedule, config.lr, config.warmup_epochs)]
+                    if config.lr_schedule != "constant" or config.warmup_epochs else [])
         evaluator = {"evaluator": build_evaluator(self.loggers, penalty="streamkl" in self.plugins)} if self.loggers else {}
         self.template = AmpSupervisedTemplate(
             model=train_model, optimizer=optimizer, criterion=nn.CrossEntropyLoss(),
             train_mb_size=config.batch_size, train_epochs=config.epochs,
             eval_mb_size=config.eval_batch_size, device=self.device, amp=config.amp, data_parallel=data_parallel,
-            plugins=[*self.plugins.values(), self.progress], **evaluator,
+            plugins=[*self.plugins.values(), *schedule, self.progress], **evaluator,
         )
         self.clock = next(p for p in self.template.plugins if isinstance(p, Clock))
 
