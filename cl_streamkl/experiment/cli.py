@@ -238,6 +238,7 @@ def _resolve(args: argparse.Namespace, base: ExperimentConfig | None) -> Experim
 
 
 def _run(args: argparse.Namespace, config: ExperimentConfig) -> int:
+    """Join the data-parallel run if torchrun started this process, name the folder, and run."""
     # Avalanche makes a logger as it is imported, which it refuses on ranks other than 0
     # once a process group exists: the run's modules are imported before joining one.
     import cl_streamkl.experiment.runner  # noqa: F401

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import hashlib
 import os
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -68,6 +70,20 @@ class ScalarWandBLogger(WandBLogger):
             self.wandb.log({name: value}, step=x_plot)
 
 
+def _wandb_credentials() -> bool:
+    """Whether W&B finds credentials, asked in a separate process.
+
+    ``wandb.login`` finds them as a run would (key, settings files, ``.netrc``, identity
+    token), but a failed look-up leaves the process's W&B session unable to start even a
+    disabled run, so it runs elsewhere.
+    """
+    code = "import sys, wandb; sys.exit(0 if wandb.login(verify=False, prompt=False) else 1)"
+    try:
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120).returncode == 0
+    except subprocess.TimeoutExpired:
+        return False
+
+
 def check_loggers(names: Sequence[str]) -> None:
     """Raise ValueError for an unknown logger, or one whose package or credentials are missing.
 
@@ -83,8 +99,7 @@ def check_loggers(names: Sequence[str]) -> None:
             import wandb  # noqa: F401
         except ImportError:
             raise ValueError("--log wandb needs the wandb package: pip install wandb (or drop --log wandb)") from None
-        if os.environ.get("WANDB_MODE") not in ("offline", "disabled", "dryrun") and not wandb.login(
-                verify=False, prompt=False):
+        if os.environ.get("WANDB_MODE") not in ("offline", "disabled", "dryrun") and not _wandb_credentials():
             raise ValueError("--log wandb needs W&B credentials: run 'wandb login' or set WANDB_API_KEY (or set "
                              "WANDB_MODE=offline to keep the logs in the run folder)")
 

@@ -158,3 +158,9 @@ def test_argument_errors_answer_before_heavy_imports(args, message):
     seconds, modules = result.stdout.split(" ", 1)
     assert modules.strip() == "[]"
     print(f"{args}: reported {float(seconds):.2f} s after the import began, {total:.2f} s for the whole process")
+
+
+def test_renamed_fields_keep_their_old_names_in_checkpoint_fingerprints():
+    # checkpoints written before the rename were stamped with "n_experiences": their folders still resume
+    fingerprint = json.loads(ExperimentConfig(experiences=3).resolved().fingerprint_json())
+    assert fingerprint["n_experiences"] == 3 and "experiences" not in fingerprint

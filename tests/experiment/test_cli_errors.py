@@ -140,6 +140,14 @@ def test_wandb_without_credentials_is_refused_before_anything_is_written(tmp_pat
     assert rc == 2
     assert "--log wandb needs W&B credentials: run 'wandb login'" in one_line_error(capsys)
     assert not out.exists()
+    # a key (not verified: nothing is contacted) or offline mode is enough
+    from cl_streamkl.experiment.loggers import check_loggers
+
+    monkeypatch.setenv("WANDB_API_KEY", "0" * 40)
+    check_loggers(["wandb"])
+    monkeypatch.delenv("WANDB_API_KEY")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    check_loggers(["wandb"])
 
 
 def test_weights_of_another_architecture_are_one_line_naming_the_options_that_fit(tmp_path, capsys):
