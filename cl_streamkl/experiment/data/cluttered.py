@@ -121,10 +121,18 @@ def _write(path: Path, arrays: dict[str, np.ndarray]) -> None:
     try:
         with os.fdopen(handle, "wb") as file:
             np.savez_compressed(file, sha256=np.array(arrays_digest(arrays)), **arrays)
+        # mkstemp makes the file private; a cache in a shared --data-root is read by others too.
+        os.chmod(temporary, 0o666 & ~_umask())
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _read(path: Path) -> dict[str, np.ndarray]:
@@ -139,7 +147,7 @@ def _read(path: Path) -> dict[str, np.ndarray]:
             arrays = {name: stored[name] for name in _ARRAYS}
             expected = str(stored["sha256"])
     except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile, zlib.error) as err:
-        raise ValueError(f"cluttered-mnist: cache file {path} is damaged ({type(err).__name__}: {err}); "
+        raise ValueError(f"cluttered-mnist: cache file {path} is unreadable or damaged ({type(err).__name__}: {err}); "
                          f"{remedy}") from err
     if arrays_digest(arrays) != expected:
         raise ValueError(f"cluttered-mnist: cache file {path} does not match its stored SHA-256; {remedy}")

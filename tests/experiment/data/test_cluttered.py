@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import stat
+
 import numpy as np
 import pytest
 
@@ -101,11 +104,22 @@ def test_second_load_reads_the_cache(small_arrays, monkeypatch):
     assert shrunk.test[3][0].shape == (1, 16, 16) and shrunk.test.targets == splits.test.targets
 
 
+def test_cache_file_is_made_under_the_umask_not_private(tmp_path):
+    options = ClutterOptions(canvas=28, clutter=0)
+    previous = os.umask(0o022)
+    try:
+        cluttered.load_arrays(options, 0, tmp_path)
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(cluttered.cache_file(tmp_path, options, 0).stat().st_mode) == 0o644
+    assert [path.name for path in tmp_path.iterdir()] == [cluttered.cache_file(tmp_path, options, 0).name]
+
+
 def test_damaged_cache_is_refused(small_arrays, tmp_path):
     arrays, _ = small_arrays
     path = cluttered.cache_file(tmp_path, SMALL, 0)
     path.write_bytes(b"not an npz file")
-    with pytest.raises(ValueError, match="is damaged.*delete it"):
+    with pytest.raises(ValueError, match="is unreadable or damaged.*delete it"):
         cluttered.load_arrays(SMALL, 0, tmp_path)
     altered = dict(arrays, train_pixels=arrays["train_pixels"].copy())
     altered["train_pixels"][0, 0, 0] ^= 1
