@@ -4,7 +4,7 @@ For each N (default 65536 and 131072), inputs (1, 12, N, 64) bf16 with a frozen 
 rank holds all queries and N / world keys. Checks the sharded KL and gradients against one GPU
 and float64, then times both (fixed repetitions, the slowest rank's) and reads the peak memory
 per GPU. The kernels use the heuristic tiles (autotuned with --autotune); why, and why
-fixed repetitions: BENCHMARKS.md (Method, Several GPUs).
+fixed repetitions: docs/benchmarks.md (Method, Several GPUs).
 Out of memory on one GPU is reported as OOM; in the sharded run it ends the job (the other
 ranks are waiting in a collective).
 

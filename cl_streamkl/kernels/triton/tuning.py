@@ -45,7 +45,7 @@ _TILE_SHAPES = {
 # At ViT lengths (both length buckets at most 2048) only these (BLOCK_M, BLOCK_N, warps,
 # stages) are tried: every tile the CUDA-graph-timed autotuner picked on the H200 at 197,
 # 577 and 1025 tokens, and their neighbours, plus the fastest dq and dk tiles of a sweep of
-# all 24 at 16x12x1025x64 (benchmarks/TUNING_NOTES.md, row 15). A third to 40 % of the configs
+# all 24 at 16x12x1025x64 (docs/tuning-log.md, attempt 15). A third to 40 % of the configs
 # means that much of the compiling on the first call, which there costs far more than the
 # kernels themselves.
 SHORT_SEQUENCE_BUCKET = 2048

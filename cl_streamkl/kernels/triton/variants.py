@@ -5,7 +5,7 @@ against attention's one; at head dim 64 the special-function unit (MUFU, 16 exp2
 and SM on Hopper) can bound the kernel. A variant moves part of the teacher's exponentials
 to the FMA units (``common.exp2_polynomial``), as FlashAttention-4 does; another moves the
 upstream gradient's product out of the backward's score loop. Which one pays is decided by
-measurement (``benchmarks/grouped_and_exp_gpu.py``; BENCHMARKS.md): on the H200 moving the
+measurement (``benchmarks/grouped_and_exp_gpu.py``; docs/bench-kernel.md, Kernel variants): on the H200 moving the
 gradient's product made the backward 6-10 % faster at head dim 64 and is on by default; every
 polynomial share made the kernels slower, so the hardware exponential stays the default.
 
