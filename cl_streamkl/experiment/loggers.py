@@ -74,7 +74,7 @@ def _wandb_credentials() -> bool:
     """Whether W&B finds credentials, asked in a separate process.
 
     ``wandb.login`` finds them as a run would (key, settings files, ``.netrc``, identity
-    token), but a failed look-up leaves the process's W&B session unable to start even a
+    token), but a failed look-up leaves the process's W&B client unable to start even a
     disabled run, so it runs elsewhere.
     """
     code = "import sys, wandb; sys.exit(0 if wandb.login(verify=False, prompt=False) else 1)"
