@@ -57,7 +57,8 @@ KERNEL_LAUNCHERS = {
 _TRITON_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
-def _dot_precision(dtype: torch.dtype) -> str:
+def dot_precision(dtype: torch.dtype) -> str:
+    """The ``DOT_PRECISION`` constant the kernels take for inputs of ``dtype``."""
     # float32 inputs are promised float32 math, so no TF32 rounding of the scores.
     if dtype == torch.float32:
         return "ieee"
@@ -87,7 +88,8 @@ def empty_gradient_for(tensor: torch.Tensor) -> torch.Tensor:
     return gradient
 
 
-def _device_guard(tensor: torch.Tensor):
+def device_guard(tensor: torch.Tensor) -> contextlib.AbstractContextManager:
+    """A context that makes ``tensor``'s CUDA device current (nothing on other devices)."""
     # Triton launches on the current CUDA device, which need not be the inputs'.
     return torch.cuda.device(tensor.device) if tensor.is_cuda else contextlib.nullcontext()
 
@@ -113,7 +115,7 @@ def _problem_args(q, k, q_teacher, k_teacher, student_scale: float, teacher_scal
 def _forward_constants(dtype: torch.dtype, d_s: int, d_t: int, causal: bool) -> dict:
     return dict(
         CAUSAL=causal,
-        DOT_PRECISION=_dot_precision(dtype),
+        DOT_PRECISION=dot_precision(dtype),
         **exp2_constants(get_kernel_options(), backward=False, dtype=dtype),
         BLOCK_DS=block_dim(d_s),
         BLOCK_DT=block_dim(d_t),
@@ -136,7 +138,7 @@ def _backward_constants(
     """
     options = get_kernel_options()
     uniform_rows = grad_rows.stride(-1) == 0 or grad_rows.size(-1) == 1
-    common = dict(CAUSAL=causal, TEACHER_GRAD=teacher_grad, DOT_PRECISION=_dot_precision(dtype))
+    common = dict(CAUSAL=causal, TEACHER_GRAD=teacher_grad, DOT_PRECISION=dot_precision(dtype))
     tail = exp2_constants(options, backward=True, dtype=dtype)
     dims = dict(BLOCK_DS=block_dim(d_s), BLOCK_DT=block_dim(d_t))
     return (
@@ -185,7 +187,7 @@ def launch_forward(
     rows = torch.empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
     lse_student = torch.empty_like(rows)
     lse_teacher = torch.empty_like(rows)
-    with _device_guard(q):
+    with device_guard(q):
         FORWARD_LAUNCHER(
             (
                 q,
@@ -274,7 +276,7 @@ def launch_backward(grad_rows: torch.Tensor, saved: BackwardInputs) -> list[torc
 
     dq_constants, dk_constants = _backward_constants(q.dtype, grad_rows, d_s, d_t, causal, teacher_grad, one_pass)
     options = launch_options("bwd", d_s, d_t, q.dtype)
-    with _device_guard(q):
+    with device_guard(q):
         if not one_pass:
             BACKWARD_DQ_LAUNCHER(
                 arguments(grad_q, grad_q_teacher), dq_constants, options,
@@ -372,7 +374,7 @@ def launch_grouped_forward(
         list(zip(q, k, q_teacher, k_teacher)), _grouped_scales(student_scales, teacher_scales),
         FORWARD_TABLE_WIDTH.value,
     )
-    with _device_guard(q[0]):
+    with device_guard(q[0]):
         GROUPED_FORWARD_LAUNCHER(
             (table, rows, lse_student, lse_teacher, batch, heads, n_q, n_k, d_s, d_t,
              length_bucket(n_q), length_bucket(n_k)),
@@ -433,7 +435,7 @@ def launch_grouped_backward(grad_rows: torch.Tensor, saved: BackwardInputs) -> l
     dq_constants, dk_constants = _backward_constants(q[0].dtype, grad_rows, d_s, d_t, causal, teacher_grad, one_pass)
     dq_options, dk_options = (grouped_launch_options(kind, n_q, n_k, d_s, d_t, q[0].dtype) for kind in ("dq", "dk"))
     programs = len(q) * batch * heads
-    with _device_guard(q[0]):
+    with device_guard(q[0]):
         if not one_pass:
             GROUPED_BACKWARD_DQ_LAUNCHER(
                 arguments, {**table_constants, "KEY_SIDE": False, **dq_constants, "ONE_PASS": False}, dq_options,

@@ -14,7 +14,7 @@ import torch
 
 from cl_streamkl.kernels.pooled_reference import PooledAttention
 from cl_streamkl.kernels.triton.common import INTERPRETING
-from cl_streamkl.kernels.triton.launch import LOG2_E, _device_guard, _dot_precision, empty_gradient_for
+from cl_streamkl.kernels.triton.launch import LOG2_E, device_guard, dot_precision, empty_gradient_for
 from cl_streamkl.kernels.triton.launch_cache import KernelLauncher
 from cl_streamkl.kernels.triton.pooled import (
     _pooled_bwd_dk_kernel,
@@ -62,7 +62,7 @@ def _strides3(tensor: torch.Tensor) -> tuple[int, int, int]:
 
 
 def _launch(name: str, args: tuple, q: torch.Tensor, squared: bool, length: int, block: str) -> None:
-    constants = {"SQUARED": squared, "DOT_PRECISION": _dot_precision(q.dtype), "BLOCK_D": block_dim(q.size(-1))}
+    constants = {"SQUARED": squared, "DOT_PRECISION": dot_precision(q.dtype), "BLOCK_D": block_dim(q.size(-1))}
     POOLED_LAUNCHERS[name](args, constants, pooled_tiles(name, q.size(-1), q.element_size()),
                            length=length, batch_heads=q.size(0) * q.size(1), block=block)
 
@@ -87,7 +87,7 @@ def launch_pooled_forward(
     lse = torch.empty_like(per_row)
     per_key = torch.empty((batch, heads, n_k), dtype=torch.float32, device=q.device)
     sizes = (heads, n_q, n_k, head_dim, scale * LOG2_E)
-    with _device_guard(q):
+    with device_guard(q):
         _launch("rows", (q, k, per_row, lse, *_strides3(q), *_strides3(k), *sizes), q, squared, n_q, "BLOCK_M")
         _launch("keys", (q, k, lse, per_key, *_strides3(q), *_strides3(k), *sizes), q, squared, n_k, "BLOCK_N")
     return per_key, per_row, lse
@@ -114,7 +114,7 @@ def launch_pooled_backward(
     delta = torch.empty_like(lse)
     strides = (*_strides3(q), *_strides3(k), *_strides3(grad_per_key), *_strides3(grad_per_row))
     sizes = (heads, n_q, n_k, head_dim, scale * LOG2_E, scale)
-    with _device_guard(q):
+    with device_guard(q):
         _launch("backward_dq", (q, k, lse, per_row, grad_per_key, grad_per_row, delta, grad_q,
                                 *strides, *_strides3(grad_q), *sizes), q, squared, n_q, "BLOCK_M")
         _launch("backward_dk", (q, k, lse, grad_per_key, grad_per_row, delta, grad_k,
