@@ -17,8 +17,9 @@ MNIST on a 128 px canvas, 4 px patches: 1025 tokens, early convolutions) and ``l
 (256 px canvas: 4097 tokens). Each (scenario, strategy, seed, setting) run is one unit for a
 pool of worker processes. Finished units are kept under ``--out`` and skipped when the
 command starts again; ``--max-units`` and ``--time-limit`` end a start cleanly (a unit
-stopped between experiences resumes from its checkpoint), and ``--archive`` /
-``--from-archive`` carry the folder between machines.
+stopped between experiences resumes from its checkpoint), ``--archive`` /
+``--from-archive`` carry the folder between machines, and ``--from-report`` restores the finished
+units from a committed report.
 
 Run from the repository root with the package installed::
 
@@ -197,6 +198,22 @@ def check_plan(root: Path, report_path: Path | None, plan: dict[str, Any]) -> st
     return None
 
 
+def restore_records(report: dict[str, Any], plan: dict[str, Any], root: Path) -> str | None:
+    """Write the finished units' records of ``report`` under ``root/units``; why not, or None.
+
+    Records already under ``root`` are kept; a report of another plan is refused.
+    """
+    if report.get("plan_fingerprint") != fingerprint(plan):
+        return (f"--from-report holds plan {report.get('plan_fingerprint')}, this start's is {fingerprint(plan)}: "
+                f"the same options resume it")
+    units = root / "units"
+    units.mkdir(parents=True, exist_ok=True)
+    for name, record in report.get("records", {}).items():
+        if not (units / f"{name}.json").is_file():
+            (units / f"{name}.json").write_text(json.dumps(record) + "\n")
+    return None
+
+
 def archive_parts(path: Path) -> list[Path]:
     """An archive's files: ``path``, then ``path.1``, ``path.2``, ... as they exist."""
     parts = [path]
@@ -266,6 +283,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="folder of the units (default: runs/efficacy-<regime>)")
     parser.add_argument("--archive", type=Path, metavar="TAR_GZ", help="at the end, pack --out into this file")
     parser.add_argument("--from-archive", type=Path, metavar="TAR_GZ", help="first unpack this --archive into --out")
+    parser.add_argument("--from-report", type=Path, metavar="REPORT",
+                        help="first restore the finished units recorded in this report (of the same plan) "
+                        "into --out: a committed report resumes the study on a new machine")
     add_json_flag(parser, "write the report as JSON")
     parser.add_argument("--commit", help="commit to record when the tree has no .git (default: git rev-parse)")
     return parser.parse_args(argv)
@@ -288,7 +308,7 @@ def _argument_error(args: argparse.Namespace) -> str | None:
         return f"--strategies: {', '.join(unknown)} not in the study ({', '.join(sorted(known))})"
     if args.time_limit is not None and args.time_limit <= 0:
         return "--time-limit must be > 0"
-    for name in ("from_archive", "settings_from"):
+    for name in ("from_archive", "from_report", "settings_from"):
         path = getattr(args, name)
         if path is not None and not path.is_file():
             return f"--{name.replace('_', '-')} {path}: no such file"
@@ -320,6 +340,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out = args.out or Path("runs") / f"efficacy-{args.regime}"
     if args.from_archive is not None:
         read_archive(args.from_archive, args.out)
+    if args.from_report is not None:
+        error = restore_records(json.loads(args.from_report.read_text()), plan, args.out)
+        if error is not None:
+            print(f"efficacy.py: {error}", file=sys.stderr)
+            return 2
     error = check_plan(args.out, args.json, plan)
     if error is not None:
         print(f"efficacy.py: {error}", file=sys.stderr)

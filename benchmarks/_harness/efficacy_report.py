@@ -135,5 +135,8 @@ def build_report(plan: dict[str, Any], records: dict[str, dict[str, Any]], envir
         part["worker_time_s"] = worker_s
         report["scenarios"][scenario] = part
     report["units"] = {"tune": [tune_done, tune_total], "test": [test_done, test_total]}
+    # Every finished unit's record as the unit wrote it, so a committed report resumes the study
+    # on another machine (efficacy.py --from-report).
+    report["records"] = {name: records[name] for name in sorted(records)}
     add_holm(report)
     return report

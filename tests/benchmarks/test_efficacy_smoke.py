@@ -94,6 +94,15 @@ def test_efficacy_study_tiny(tmp_path, monkeypatch, capsys):
     before = report_path.read_text()
     assert efficacy.main([*common, "--out", str(tmp_path / "elsewhere"), "--from-archive", str(archive)]) == 0
     assert json.loads(report_path.read_text())["scenarios"] == json.loads(before)["scenarios"]
+    # A new machine continues from the committed report alone: its records are the finished units.
+    assert len(json.loads(before)["records"]) == 22
+    assert efficacy.main([*common, "--out", str(tmp_path / "fresh"), "--from-report", str(report_path)]) == 0
+    assert json.loads(report_path.read_text())["scenarios"] == json.loads(before)["scenarios"]
+    assert len(list((tmp_path / "fresh" / "units").glob("*.json"))) == 22
+    assert efficacy.main([*common, "--out", str(tmp_path / "other"), "--settings-per-method", "1",
+                          "--from-report", str(report_path)]) == 2
+    assert "--from-report holds plan" in capsys.readouterr().err
+    assert not (tmp_path / "other").exists()
     capsys.readouterr()
     assert efficacy.main(["--tables", str(report_path)]) == 0
     tables = capsys.readouterr().out
