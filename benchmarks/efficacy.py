@@ -42,6 +42,7 @@ import shutil
 import sys
 import tarfile
 import time
+import traceback
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -55,10 +56,11 @@ from _harness.efficacy_tables import side_by_side
 from _harness.report import add_json_flag, write_json
 from cl_streamkl.experiment.config import ExperimentConfig
 
-# Seconds of the last experience a worker trained (at first: the estimate from finished
+# Seconds of the longest experience a worker trained (at first: the estimate from finished
 # units): a unit does not start, and a running one stops after an experience, when another
-# such experience would pass the deadline.
-_last_experience_s = 0.0
+# such experience would pass the deadline. The longest, not the last: a unit's first
+# experience may hold three times the data of its last, and the next unit starts with it.
+_longest_experience_s = 0.0
 _splits_cache: dict[str, Any] = {}
 # A part of an archive stays below what a machine returns per file (16 MiB).
 ARCHIVE_PART_BYTES = 15 * 2**20
@@ -105,14 +107,14 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
 
     ``experience_s``: how long an experience may take at least (:func:`experience_estimate`).
     """
-    global _last_experience_s
+    global _longest_experience_s
     from cl_streamkl.experiment.runner import run_experiment
 
-    _last_experience_s = max(_last_experience_s, experience_s)
+    _longest_experience_s = max(_longest_experience_s, experience_s)
     record = Path(root) / "units" / f"{unit.name}.json"
     if record.is_file():
         return json.loads(record.read_text())
-    if deadline is not None and time.time() + _last_experience_s > deadline:
+    if deadline is not None and time.time() + _longest_experience_s > deadline:
         return None
     out = Path(root) / "runs" / unit.name
     config = ExperimentConfig.from_dict({**unit.config_fields(plan), "device": device, "out": str(out)}).resolved()
@@ -120,11 +122,11 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
     start = last = time.perf_counter()
 
     def after_experience(_: str) -> None:
-        global _last_experience_s
+        global _longest_experience_s
         nonlocal last
         now = time.perf_counter()
-        _last_experience_s, last = now - last, now
-        if deadline is not None and time.time() + _last_experience_s > deadline:
+        _longest_experience_s, last = max(_longest_experience_s, now - last), now
+        if deadline is not None and time.time() + _longest_experience_s > deadline:
             raise _OutOfTime
 
     try:
@@ -147,7 +149,10 @@ class InProcess(concurrent.futures.Executor):
 
     def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
-        future.set_result(fn(*args, **kwargs))
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except Exception as err:  # as a worker process would: the caller reads it from the future
+            future.set_exception(err)
         return future
 
 
@@ -165,14 +170,27 @@ def experience_estimate(records: Iterable[dict[str, Any]]) -> float:
 
 
 def run_units(units: Sequence[Unit], pool: concurrent.futures.Executor, plan: dict[str, Any], args: argparse.Namespace,
-              deadline: float | None) -> tuple[int, int]:
-    """Run ``units``; returns (finished, stopped by the deadline)."""
+              deadline: float | None) -> tuple[int, int, int]:
+    """Run ``units``; returns (finished, stopped by the deadline, failed).
+
+    A unit that raises is reported on stderr and the others go on: one broken run must not
+    cost a time-limited machine call every other unit's work (its checkpoints stay in the
+    archive).
+    """
     estimate = experience_estimate(finished_records(args.out).values())
     futures = {pool.submit(run_unit, unit, plan, args.device, str(args.out), deadline, estimate): unit
                for unit in units}
-    finished = stopped = 0
+    finished = stopped = failed = 0
     for future in concurrent.futures.as_completed(futures):
-        unit, record = futures[future], future.result()
+        unit = futures[future]
+        try:
+            record = future.result()
+        except Exception as err:
+            failed += 1
+            detail = "".join(traceback.format_exception(err)).rstrip()
+            print(f"efficacy.py: unit {unit.name} failed: {type(err).__name__}: {err}\n{detail}", file=sys.stderr,
+                  flush=True)
+            continue
         if record is None:
             stopped += 1
             continue
@@ -180,7 +198,7 @@ def run_units(units: Sequence[Unit], pool: concurrent.futures.Executor, plan: di
         last = record["accuracy_matrix"][-1]
         print(f"[{finished}/{len(units)}] {unit.name}: mean experience accuracy {100 * sum(last) / len(last):.1f} % "
               f"({record['process_s']:.0f} s)", flush=True)
-    return finished, stopped
+    return finished, stopped, failed
 
 
 def check_plan(root: Path, report_path: Path | None, plan: dict[str, Any]) -> str | None:
@@ -316,8 +334,8 @@ def _argument_error(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    global _last_experience_s
-    _last_experience_s = 0.0  # --workers 0 trains in this process: no time carried over from an earlier start
+    global _longest_experience_s
+    _longest_experience_s = 0.0  # --workers 0 trains in this process: no time carried over from an earlier start
     args = parse_args(argv)
     if args.tables:
         print(side_by_side([json.loads(path.read_text()) for path in args.tables]))
@@ -358,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     environment = describe_environment(torch.device(args.device), args.commit)
     if args.json:
         write_json(args.json, build_report(plan, finished_records(args.out), environment))
-    started = stopped = 0
+    started = stopped = failed = 0
     if args.part != "plan":
         context = multiprocessing.get_context("spawn")
         counter = context.Value("i", 0)
@@ -388,8 +406,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     todo = todo[:max(0, args.max_units - started)]
                 if todo:
                     load_data(todo[0], plan)  # generated here once, not by every worker at the same time
-                finished, halted = run_units(todo, pool, plan, args, deadline)
-                started, stopped = started + finished + halted, stopped + halted
+                finished, halted, broken = run_units(todo, pool, plan, args, deadline)
+                started, stopped, failed = started + finished + halted + broken, stopped + halted, failed + broken
     report = build_report(plan, finished_records(args.out), environment)
     if args.json:
         write_json(args.json, report)
@@ -400,8 +418,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"plan {report['plan_fingerprint']}: " + "; ".join(
         f"{part} {done}/{total} units" for part, (done, total) in report["units"].items())
         + (f"; {stopped} stopped by the time limit (they resume from their checkpoints)" if stopped else "")
+        + (f"; {failed} failed (see above)" if failed else "")
         + f"; {time.time() - start:.0f} s")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

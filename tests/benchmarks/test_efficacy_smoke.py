@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import types
 
 import pytest
 
@@ -108,3 +110,46 @@ def test_efficacy_study_tiny(tmp_path, monkeypatch, capsys):
     tables = capsys.readouterr().out
     assert "**class-incremental**" in tables and "| lwf+streamkl − lwf |" in tables
     assert "| method (5 tokens)" in tables
+
+
+def test_a_failed_unit_is_reported_and_the_others_go_on(tmp_path, monkeypatch, capsys):
+    plan = efficacy_plan.make_plan("short", [100, 101], [200, 201])
+    units = efficacy_plan.tuning_units(plan, "task")[:3]
+
+    def run_unit(unit, *_):
+        if unit == units[1]:
+            raise RuntimeError("CUDA error: out of memory")
+        return {"accuracy_matrix": [[0.5, 0.5]], "process_s": 1.0}
+
+    monkeypatch.setattr(efficacy, "run_unit", run_unit)
+    args = argparse.Namespace(out=tmp_path, device="cpu")
+    assert efficacy.run_units(units, efficacy.InProcess(), plan, args, None) == (2, 0, 1)
+    err = capsys.readouterr().err
+    assert f"unit {units[1].name} failed: RuntimeError: CUDA error: out of memory" in err
+
+
+def test_the_deadline_allows_for_the_longest_experience_not_the_last(tmp_path, monkeypatch):
+    """A first experience of 30 s then one of 10 s: at 40 s of a 60-s budget a third may take 30 s again."""
+    clock = {"now": 0.0}
+    fake_time = types.SimpleNamespace(time=lambda: clock["now"], perf_counter=lambda: clock["now"])
+    trained = []
+
+    def run_experiment(config, out, log, **_):
+        for seconds in (30.0, 10.0, 30.0):
+            clock["now"] += seconds
+            trained.append(seconds)
+            log("experience done")
+        raise AssertionError("the deadline should have stopped the unit")
+
+    monkeypatch.setattr(efficacy, "time", fake_time)
+    monkeypatch.setattr(efficacy, "load_data", lambda *_: None)
+    monkeypatch.setattr("cl_streamkl.experiment.runner.run_experiment", run_experiment)
+    monkeypatch.setattr(efficacy, "_longest_experience_s", 0.0)
+    plan = efficacy_plan.make_plan("short", [100, 101], [200, 201])
+    unit = efficacy_plan.tuning_units(plan, "task")[0]
+    assert efficacy.run_unit(unit, plan, "cpu", str(tmp_path), deadline=60.0) is None
+    assert trained == [30.0, 10.0]
+    # The next unit in this worker does not start when its first experience could pass the deadline.
+    clock["now"] = 31.0
+    assert efficacy.run_unit(efficacy_plan.tuning_units(plan, "task")[1], plan, "cpu", str(tmp_path), 60.0) is None
+    assert trained == [30.0, 10.0]
