@@ -102,11 +102,14 @@ def load_data(unit: Unit, plan: dict[str, Any], config: Any = None) -> Any:
 
 
 def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline: float | None,
-             experience_s: float = 0.0) -> dict[str, Any] | None:
+             experience_s: float = 0.0, execution: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """Train one unit and return its record (read back when done); None when stopped by the deadline.
 
     ``experience_s``: how long an experience may take at least (:func:`experience_estimate`).
+    ``execution``: how this start runs units, recorded with each (``commit``, ``device``, and
+    ``compile_layers``: configuration that changes rounding only, so not part of the plan).
     """
+    execution = execution or {}
     global _longest_experience_s
     from cl_streamkl.experiment.runner import run_experiment
 
@@ -117,7 +120,8 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
     if deadline is not None and time.time() + _longest_experience_s > deadline:
         return None
     out = Path(root) / "runs" / unit.name
-    config = ExperimentConfig.from_dict({**unit.config_fields(plan), "device": device, "out": str(out)}).resolved()
+    config = ExperimentConfig.from_dict({**unit.config_fields(plan), "device": device, "out": str(out),
+                                         "compile_layers": bool(execution.get("compile_layers"))}).resolved()
     splits = load_data(unit, plan, config)
     start = last = time.perf_counter()
 
@@ -134,7 +138,8 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
                                 splits=splits)[0]
     except _OutOfTime:
         return None
-    payload = {"unit": dataclasses.asdict(unit), **result.to_dict(), "process_s": time.perf_counter() - start}
+    payload = {"unit": dataclasses.asdict(unit), **result.to_dict(), "process_s": time.perf_counter() - start,
+               "execution": execution}
     record.parent.mkdir(parents=True, exist_ok=True)
     # Atomically: a start killed at its time limit leaves no half-written record.
     partial = record.with_name(record.name + ".partial")
@@ -178,7 +183,7 @@ def run_units(units: Sequence[Unit], pool: concurrent.futures.Executor, plan: di
     archive).
     """
     estimate = experience_estimate(finished_records(args.out).values())
-    futures = {pool.submit(run_unit, unit, plan, args.device, str(args.out), deadline, estimate): unit
+    futures = {pool.submit(run_unit, unit, plan, args.device, str(args.out), deadline, estimate, args.execution): unit
                for unit in units}
     finished = stopped = failed = 0
     for future in concurrent.futures.as_completed(futures):
@@ -304,6 +309,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--from-report", type=Path, metavar="REPORT",
                         help="first restore the finished units recorded in this report (of the same plan) "
                         "into --out: a committed report resumes the study on a new machine")
+    parser.add_argument("--compile-layers", action="store_true",
+                        help="run every layer norm and MLP through torch.compile (fewer GPU kernels; rounding "
+                        "differs, the plan does not; recorded with each unit)")
     add_json_flag(parser, "write the report as JSON")
     parser.add_argument("--commit", help="commit to record when the tree has no .git (default: git rev-parse)")
     return parser.parse_args(argv)
@@ -374,6 +382,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from _harness.report import describe_environment
 
     environment = describe_environment(torch.device(args.device), args.commit)
+    args.execution = {"commit": environment.get("commit"), "device": environment.get("device"),
+                      "compile_layers": args.compile_layers}
+    if args.compile_layers:
+        # Many workers compile at once: one compile process each, not one per core each.
+        os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     if args.json:
         write_json(args.json, build_report(plan, finished_records(args.out), environment))
     started = stopped = failed = 0

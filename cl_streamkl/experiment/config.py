@@ -50,9 +50,10 @@ DEFAULT_CLUTTER = ClutterOptions()
 STEMS = ("patch", "conv")
 # The learning rate within each experience (cl_streamkl.experiment.lr_schedule).
 LR_SCHEDULES = ("constant", "cosine")
-# Fields that do not change what one (strategy, seed) run computes: where files live, and
-# which other runs the experiment holds. A checkpoint's fingerprint leaves them out.
-FINGERPRINT_EXCLUDED = ("out", "data_root", "download", "strategies", "seeds")
+# Fields that do not change what one (strategy, seed) run computes: where files live, which
+# other runs the experiment holds, and compiled layers (the same arithmetic, rounded in
+# another order). A checkpoint's fingerprint leaves them out.
+FINGERPRINT_EXCLUDED = ("out", "data_root", "download", "strategies", "seeds", "compile_layers")
 # Keys configuration files of earlier versions used: old key → field.
 RENAMED_KEYS = {"n_experiences": "experiences"}
 
@@ -188,6 +189,9 @@ class ExperimentConfig:
                         "convolutions (3x3, stride 2, batch norm, ReLU; two for 4-px patches, log2(patch) in "
                         "general) then a 1x1 projection, the same tokens (timm vit_*/deit_* models, from scratch)",
                         choices=STEMS)
+    compile_layers: bool = setting(False, "model", "run every layer norm and MLP through torch.compile: the same "
+                                   "arithmetic in fewer GPU kernels, for narrow models on long sequences; attention "
+                                   "stays eager for the Q/K capture")
     pretrained_file: str | None = setting(None, "model", "local weights file to start from (nothing is "
                                           "downloaded); the model is built as the file's weights say", metavar="PATH")
 

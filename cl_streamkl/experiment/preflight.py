@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from cl_streamkl.distributed.data_parallel import DataParallel, resolve_device
+from cl_streamkl.experiment.compiled_layers import compile_layers
 from cl_streamkl.experiment.config import ExperimentConfig, strategy_components
 from cl_streamkl.experiment.data.registry import build_stream, load_splits
 from cl_streamkl.experiment.data.stream import ExperienceStream, LabeledSplits
@@ -34,11 +35,14 @@ def build_run_stream(config: ExperimentConfig, splits: LabeledSplits, seed: int)
 
 def build_run_model(config: ExperimentConfig, stream: ExperienceStream, device: torch.device) -> nn.Module:
     """A freshly initialised model for ``stream`` (one head per experience in ``task``)."""
-    return build_model(
+    model = build_model(
         config.model, image_size=config.image_size, patch_size=config.patch_size, in_chans=stream.in_chans,
         num_classes=stream.num_classes, model_kwargs=config.model_kwargs, pretrained_file=config.pretrained_file,
         head_sizes=stream.head_sizes, stem=config.stem,
     ).to(device)
+    if config.compile_layers:
+        compile_layers(model)
+    return model
 
 
 def _forward(model: nn.Module, images: torch.Tensor, scenario: str) -> torch.Tensor:

@@ -54,6 +54,8 @@ def test_efficacy_study_tiny(tmp_path, monkeypatch, capsys):
     report = json.loads(report_path.read_text())
     assert report["units"] == {"tune": [3, 44], "test": [0, 42]}
     assert report["plan"]["val_seeds"] == [7, 8] and report["scenarios"]["class"]["chosen"] is None
+    execution = next(iter(report["records"].values()))["execution"]
+    assert execution["compile_layers"] is False and execution["commit"] == report["environment"]["commit"]
     assert efficacy.main([*common, "--out", str(out), "--part", "test"]) == 2
     assert "tuning of scenario class is not finished" in capsys.readouterr().err
     # Past the time limit nothing starts; nor a unit whose experience would pass it, judged by the finished ones.
@@ -122,7 +124,7 @@ def test_a_failed_unit_is_reported_and_the_others_go_on(tmp_path, monkeypatch, c
         return {"accuracy_matrix": [[0.5, 0.5]], "process_s": 1.0}
 
     monkeypatch.setattr(efficacy, "run_unit", run_unit)
-    args = argparse.Namespace(out=tmp_path, device="cpu")
+    args = argparse.Namespace(out=tmp_path, device="cpu", execution={})
     assert efficacy.run_units(units, efficacy.InProcess(), plan, args, None) == (2, 0, 1)
     err = capsys.readouterr().err
     assert f"unit {units[1].name} failed: RuntimeError: CUDA error: out of memory" in err
