@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import functools
 import json
+import shutil
 
 import pytest
 import timm
@@ -11,7 +13,16 @@ import torch
 from torch import nn
 
 from cl_streamkl.capture import QKCapture
+from cl_streamkl.experiment import compiled_layers
 from cl_streamkl.experiment.compiled_layers import CompiledLayerNorm, CompiledMlp, compile_layers
+
+_INDUCTOR = compiled_layers._compiled
+
+
+@pytest.fixture(autouse=True)
+def _traced_not_generated(monkeypatch):
+    """Dynamo and AOT autograd trace as on a GPU; no C++ is generated (CI may have no compiler)."""
+    monkeypatch.setattr(compiled_layers, "_compiled", functools.cache(lambda fn: torch.compile(fn, backend="aot_eager")))
 
 
 def _vit(depth: int = 2, drop_rate: float = 0.0) -> nn.Module:
@@ -25,7 +36,11 @@ def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
-def test_values_and_gradients_equal_the_eager_model():
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.skipif(
+    shutil.which("cc") is None, reason="inductor's CPU code needs a C compiler"))])
+def test_values_and_gradients_equal_the_eager_model(backend, monkeypatch):
+    if backend == "inductor":
+        monkeypatch.setattr(compiled_layers, "_compiled", _INDUCTOR)
     eager = _vit()
     compiled = copy.deepcopy(eager)
     # norm1, norm2 and the MLP of each block, and the final norm.
