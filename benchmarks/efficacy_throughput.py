@@ -1,0 +1,193 @@
+"""How fast do the efficacy study's units run on one GPU? Kernel time per step, and units per minute.
+
+Two measurements on a regime of the study (default ``long``: cluttered MNIST, 1025 tokens,
+batch 32, bf16 autocast, the 4-block 64-wide ViT with early convolutions):
+
+- ``step``: one process trains the regime's model on one fixed batch; per training step
+  (forward, cross-entropy, backward, Adam) the wall time and the summed GPU kernel time
+  (``torch.profiler``), eager, with ``--compile-layers`` (layer norms and MLPs compiled), and
+  the whole model compiled (what compiling everything would reach; the study cannot, as
+  it captures Q/K in attention).
+- ``units``: P processes at once, each training one tuning unit of the study (LwF, EWC,
+  PAD, StreamKL in turn, task scenario) shortened to ``--epochs`` epochs per experience:
+  units per minute, and each unit's training and CPU seconds. When the CPU seconds equal
+  the training seconds, the processes never wait; many processes sharing a GPU wait on its
+  kernels instead. With NVIDIA's MPS daemon running (``nvidia-cuda-mps-control -d``),
+  kernels of different processes run side by side.
+
+Run from the repository root::
+
+    PYTHONPATH=. python benchmarks/efficacy_throughput.py --device cuda --processes 1 14 \\
+        --json benchmarks/results/efficacy-throughput.json
+    PYTHONPATH=. python benchmarks/efficacy_throughput.py --tiny --device cpu   # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import multiprocessing
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from _harness.efficacy_plan import REGIMES, make_plan, tuning_units
+from _harness.options import add_run_flags, checked_device
+from _harness.report import describe_environment, write_json
+
+PARTS = ("step", "units")
+STEP_VARIANTS = ("eager", "compile-layers", "whole model compiled")
+# A smoke run: the short regime's data at 8 px, a 1-block 16-wide model, one epoch.
+TINY = {"dataset": "digits", "image_size": 8, "patch_size": 4, "stem": "patch", "batch_size": 16, "amp": "none",
+        "model_kwargs": {"depth": 1, "embed_dim": 16, "num_heads": 2}}
+
+
+def _model(settings: dict[str, Any], device: torch.device) -> torch.nn.Module:
+    from cl_streamkl.experiment.config import DEFAULT_MODEL, DEFAULT_MODEL_KWARGS
+    from cl_streamkl.experiment.model import build_model
+
+    torch.manual_seed(0)
+    return build_model(DEFAULT_MODEL, image_size=settings["image_size"], patch_size=settings["patch_size"],
+                       in_chans=1, num_classes=10, model_kwargs=settings.get("model_kwargs", DEFAULT_MODEL_KWARGS),
+                       stem=settings.get("stem", "patch")).to(device)
+
+
+def step_times(settings: dict[str, Any], variant: str, device: torch.device, steps: int) -> dict[str, float]:
+    """Wall and kernel milliseconds per training step of one variant (see :data:`STEP_VARIANTS`)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from cl_streamkl.experiment.compiled_layers import compile_layers
+    from cl_streamkl.experiment.template import autocast
+
+    model = _model(settings, device)
+    if variant == "compile-layers":
+        compile_layers(model)
+    forward: Callable[[torch.Tensor], torch.Tensor] = torch.compile(model) if variant.startswith("whole") else model
+    optimizer = torch.optim.Adam(model.parameters(), 1e-3)
+    size = settings["image_size"]
+    images = torch.randn(settings["batch_size"], 1, size, size, device=device)
+    labels = torch.randint(0, 10, (settings["batch_size"],), device=device)
+
+    def step() -> None:
+        with autocast(device, settings["amp"]):
+            loss = F.cross_entropy(forward(images), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+
+    def synchronize() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    start = time.perf_counter()
+    for _ in range(3):  # compiles here
+        step()
+    synchronize()
+    first_s = time.perf_counter() - start
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    synchronize()
+    wall_ms = 1e3 * (time.perf_counter() - start) / steps
+    with profile(activities=[ProfilerActivity.CUDA] if device.type == "cuda" else [ProfilerActivity.CPU]) as prof:
+        for _ in range(10):
+            step()
+        synchronize()
+    # Kernels only: user annotations (the optimizer's step range) span kernels counted already.
+    kernels = [event for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA
+               and not event.name.startswith(("Optimizer.", "ProfilerStep"))]
+    return {"wall_ms": wall_ms, "kernel_ms": sum(event.device_time for event in kernels) / 1e3 / 10,
+            "kernels": len(kernels) / 10, "first_steps_s": first_s}
+
+
+def _one_unit(index: int, regime: str, settings: dict[str, Any], epochs: int, device: str,
+              compiled: bool) -> dict[str, Any]:
+    import efficacy
+
+    torch.set_num_threads(1)
+    REGIMES[regime] = settings  # this process's copy of the plan's regimes: the parent's settings
+    plan = make_plan(regime, [100, 101], [200, 201], epochs=epochs)
+    units = tuning_units(plan, "task")
+    unit = units[(8 * index) % len(units)]  # LwF, EWC, PAD, StreamKL in turn
+    efficacy.load_data(unit, plan)
+    start, cpu = time.perf_counter(), time.process_time()
+    record = efficacy.run_unit(unit, plan, device, tempfile.mkdtemp(), None,
+                               execution={"compile_layers": compiled})
+    return {"strategy": unit.strategy, "train_s": record["wall_time_s"], "unit_s": time.perf_counter() - start,
+            "cpu_s": time.process_time() - cpu}
+
+
+def units_per_minute(regime: str, settings: dict[str, Any], processes: int, epochs: int, device: str,
+                     compiled: bool) -> dict[str, Any]:
+    """``processes`` units at once, one per process; units per minute over the slowest unit's time."""
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(processes, mp_context=context) as pool:
+        results = list(pool.map(_one_unit, range(processes), [regime] * processes, [settings] * processes,
+                                [epochs] * processes, [device] * processes, [compiled] * processes))
+    slowest = max(result["unit_s"] for result in results)
+    return {"processes": processes, "compile_layers": compiled, "units_per_min": 60 * processes / slowest,
+            "train_s": sum(r["train_s"] for r in results) / processes,
+            "cpu_s": sum(r["cpu_s"] for r in results) / processes, "units": results}
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--regime", choices=tuple(REGIMES), default="long")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
+    parser.add_argument("--steps", type=int, default=40, help="timed steps per variant (default: %(default)s)")
+    parser.add_argument("--processes", nargs="+", type=int, default=[1, 14],
+                        help="units at once, one per process (default: 1 14)")
+    parser.add_argument("--epochs", type=int, default=1, help="epochs per experience of each unit (default: 1)")
+    parser.add_argument("--variants", nargs="+", choices=STEP_VARIANTS, default=list(STEP_VARIANTS),
+                        help="what to measure (units: the first two only; default: all)")
+    parser.add_argument("--tiny", action="store_true", help="a smoke run: 8-px digits, a 1-block 16-wide model")
+    add_run_flags(parser)
+    args = parser.parse_args(argv)
+    args.device = checked_device(parser, args.device, "--tiny --device cpu")
+    for name in ("steps", "epochs"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1")
+    if min(args.processes) < 1:
+        parser.error("--processes must be >= 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    settings = {**REGIMES["short"], **TINY} if args.tiny else dict(REGIMES[args.regime])
+    environment = describe_environment(args.device, args.commit)
+    rows, runs = [], []
+    if "step" in args.parts:
+        for variant in args.variants:
+            times = step_times(settings, variant, args.device, args.steps)
+            rows.append(["step", variant, 1, times["wall_ms"], times["kernel_ms"], None, None])
+            runs.append({"part": "step", "variant": variant, **times})
+    if "units" in args.parts:
+        for compiled in [variant == "compile-layers" for variant in STEP_VARIANTS[:2] if variant in args.variants]:
+            for processes in args.processes:
+                result = units_per_minute(args.regime, settings, processes, args.epochs, args.device.type, compiled)
+                variant = "compile-layers" if compiled else "eager"
+                rows.append(["units", variant, processes, None, None, result["units_per_min"], result["cpu_s"]
+                             / result["train_s"]])
+                runs.append({"part": "units", "variant": variant, **result})
+    columns = [{"name": "measure"}, {"name": "variant"}, {"name": "processes", "align": "right", "format": "d"},
+               {"name": "step wall (ms)", "align": "right", "format": ".2f"},
+               {"name": "step kernels (ms)", "align": "right", "format": ".2f"},
+               {"name": "units / min", "align": "right", "format": ".1f"},
+               {"name": "CPU s / training s", "align": "right", "format": ".2f"}]
+    for row in rows:
+        print(" | ".join("-" if cell is None else f"{cell:.2f}" if isinstance(cell, float) else str(cell)
+                         for cell in row))
+    if args.json:
+        regime = "tiny smoke run" if args.tiny else f"{args.regime} regime"
+        write_json(args.json, {"title": f"Efficacy study throughput, {regime}, {args.epochs}-epoch units",
+                               **environment, "settings": settings, "columns": columns, "rows": rows, "runs": runs})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

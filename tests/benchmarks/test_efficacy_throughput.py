@@ -1,0 +1,28 @@
+"""The throughput benchmark of the efficacy study, as a smoke run on the CPU."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+throughput = pytest.importorskip("efficacy_throughput")
+
+
+def test_step_and_unit_measurements_are_written(tmp_path):
+    path = tmp_path / "throughput.json"
+    assert throughput.main(["--tiny", "--device", "cpu", "--variants", "eager", "--steps", "2", "--processes", "1",
+                            "--json", str(path)]) == 0
+    report = json.loads(path.read_text())
+    (step, units) = report["rows"]
+    assert step[:3] == ["step", "eager", 1] and step[3] > 0
+    assert units[:3] == ["units", "eager", 1] and units[5] > 0 and units[6] > 0
+    run = report["runs"][1]
+    assert run["units"][0]["strategy"] == "lwf" and run["units"][0]["train_s"] > 0
+    assert report["title"].startswith("Efficacy study throughput, tiny smoke run")
+
+
+def test_bad_counts_are_refused_in_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        throughput.main(["--tiny", "--device", "cpu", "--processes", "0"])
+    assert exit_info.value.code == 2 and "--processes must be >= 1" in capsys.readouterr().err
