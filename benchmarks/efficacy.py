@@ -38,6 +38,7 @@ import io
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import sys
 import tarfile
@@ -48,19 +49,22 @@ from pathlib import Path
 from typing import Any
 
 from _harness.efficacy_plan import (
-    DEFAULT_SEEDS, PARTS, REGIMES, SCENARIOS, SETTINGS_PER_METHOD, TESTED, Unit, choose, fingerprint, make_plan,
-    test_units, tuning_units,
+    DEFAULT_SEEDS, PARTS, REGIMES, SCENARIOS, SETTINGS_PER_METHOD, TESTED, Unit, choose, experience_weights,
+    fingerprint, make_plan, test_units, tuning_units,
 )
 from _harness.efficacy_report import build_report, tuning_scores
 from _harness.efficacy_tables import side_by_side
 from _harness.report import add_json_flag, write_json
 from cl_streamkl.experiment.config import ExperimentConfig
 
-# Seconds of the longest experience a worker trained (at first: the estimate from finished
-# units): a unit does not start, and a running one stops after an experience, when another
-# such experience would pass the deadline. The longest, not the last: a unit's first
-# experience may hold three times the data of its last, and the next unit starts with it.
-_longest_experience_s = 0.0
+# Seconds per unit of experience weight (:func:`experience_weights`: one pass over all
+# classes' data) a worker has seen at most, at first from finished units: a unit does not
+# start unless all of it would end before the deadline, and a running one stops after an
+# experience when the next would not, so a time-limited start leaves no unit half done
+# unless an estimate was wrong.
+_seconds_per_weight = 0.0
+# The runner's line after each experience: "... exp 2/3 ...".
+_EXPERIENCE_DONE = re.compile(r"\bexp (\d+)/(\d+)\b")
 _splits_cache: dict[str, Any] = {}
 # A part of an archive stays below what a machine returns per file (16 MiB).
 ARCHIVE_PART_BYTES = 15 * 2**20
@@ -102,22 +106,24 @@ def load_data(unit: Unit, plan: dict[str, Any], config: Any = None) -> Any:
 
 
 def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline: float | None,
-             experience_s: float = 0.0, execution: dict[str, Any] | None = None) -> dict[str, Any] | None:
+             seconds_per_weight: float = 0.0, execution: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """Train one unit and return its record (read back when done); None when stopped by the deadline.
 
-    ``experience_s``: how long an experience may take at least (:func:`experience_estimate`).
+    ``seconds_per_weight``: an experience's expected seconds per unit of its weight, at least
+    (:func:`seconds_per_weight_of`).
     ``execution``: how this start runs units, recorded with each (``commit``, ``device``, and
     ``compile_layers``: configuration that changes rounding only, so not part of the plan).
     """
     execution = execution or {}
-    global _longest_experience_s
+    global _seconds_per_weight
     from cl_streamkl.experiment.runner import run_experiment
 
-    _longest_experience_s = max(_longest_experience_s, experience_s)
+    _seconds_per_weight = max(_seconds_per_weight, seconds_per_weight)
     record = Path(root) / "units" / f"{unit.name}.json"
     if record.is_file():
         return json.loads(record.read_text())
-    if deadline is not None and time.time() + _longest_experience_s > deadline:
+    weights = experience_weights(unit, plan)
+    if deadline is not None and time.time() + _seconds_per_weight * sum(weights) > deadline:
         return None
     out = Path(root) / "runs" / unit.name
     config = ExperimentConfig.from_dict({**unit.config_fields(plan), "device": device, "out": str(out),
@@ -125,12 +131,19 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
     splits = load_data(unit, plan, config)
     start = last = time.perf_counter()
 
-    def after_experience(_: str) -> None:
-        global _longest_experience_s
+    def after_experience(line: str) -> None:
+        global _seconds_per_weight
         nonlocal last
         now = time.perf_counter()
-        _longest_experience_s, last = max(_longest_experience_s, now - last), now
-        if deadline is not None and time.time() + _longest_experience_s > deadline:
+        done = _EXPERIENCE_DONE.search(line)
+        if done:
+            index = int(done.group(1)) - 1
+            following = weights[index + 1] if index + 1 < len(weights) else 0.0
+        else:  # a line of another form: assume the heaviest experience just ended and comes again
+            index = max(range(len(weights)), key=weights.__getitem__)
+            following = weights[index]
+        _seconds_per_weight, last = max(_seconds_per_weight, (now - last) / weights[index]), now
+        if deadline is not None and following and time.time() + _seconds_per_weight * following > deadline:
             raise _OutOfTime
 
     try:
@@ -166,12 +179,14 @@ def finished_records(root: Path) -> dict[str, dict[str, Any]]:
     return {path.stem: json.loads(path.read_text()) for path in sorted((root / "units").glob("*.json"))}
 
 
-def experience_estimate(records: Iterable[dict[str, Any]]) -> float:
-    """Seconds the longest experience may take: twice the largest mean experience time of finished units.
-
-    Twice, because the class and task scenarios' first experience holds six classes of ten.
-    """
-    return max((2 * record["wall_time_s"] / len(record["accuracy_matrix"]) for record in records), default=0.0)
+def seconds_per_weight_of(records: Iterable[dict[str, Any]], plan: dict[str, Any]) -> float:
+    """The most seconds per unit of experience weight any finished unit of ``plan`` took (0 if none)."""
+    rates = []
+    for record in records:
+        unit = Unit(**{**record["unit"], "overrides": tuple(tuple(pair) for pair in record["unit"]["overrides"])})
+        if unit.scenario in plan["scenarios"]:
+            rates.append(record["wall_time_s"] / sum(experience_weights(unit, plan)))
+    return max(rates, default=0.0)
 
 
 def run_units(units: Sequence[Unit], pool: concurrent.futures.Executor, plan: dict[str, Any], args: argparse.Namespace,
@@ -182,7 +197,7 @@ def run_units(units: Sequence[Unit], pool: concurrent.futures.Executor, plan: di
     cost a time-limited machine call every other unit's work (its checkpoints stay in the
     archive).
     """
-    estimate = experience_estimate(finished_records(args.out).values())
+    estimate = seconds_per_weight_of(finished_records(args.out).values(), plan)
     futures = {pool.submit(run_unit, unit, plan, args.device, str(args.out), deadline, estimate, args.execution): unit
                for unit in units}
     finished = stopped = failed = 0
@@ -342,8 +357,8 @@ def _argument_error(args: argparse.Namespace) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    global _longest_experience_s
-    _longest_experience_s = 0.0  # --workers 0 trains in this process: no time carried over from an earlier start
+    global _seconds_per_weight
+    _seconds_per_weight = 0.0  # --workers 0 trains in this process: no time carried over from an earlier start
     args = parse_args(argv)
     if args.tables:
         print(side_by_side([json.loads(path.read_text()) for path in args.tables]))

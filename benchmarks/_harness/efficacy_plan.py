@@ -82,6 +82,28 @@ DEFAULT_SEEDS = {"short": ([100, 101], list(range(200, 208))), "long": ([100, 10
                  "long4097": ([100, 101], list(range(200, 205)))}
 
 
+# Every regime's dataset (mnist5k, cluttered MNIST, digits) has ten classes.
+CLASSES = 10
+
+
+def experience_weights(unit: Unit, plan: dict[str, Any]) -> list[float]:
+    """Each experience's expected training time as a fraction of one pass over all classes' data.
+
+    Class and task scenarios: the first experience's classes over all classes, then the rest
+    split evenly; domain: every experience the same. An experience that replays trains on the
+    replayed images too (``mem_batch_size`` more per batch, from the second experience on).
+    """
+    fields = unit.config_fields(plan)
+    count = fields["experiences"]
+    if fields["scenario"] == "domain":
+        shares = [1.0 / count] * count
+    else:
+        first = fields["first_experience_classes"]
+        shares = [first / CLASSES] + [(CLASSES - first) / CLASSES / (count - 1)] * (count - 1)
+    replayed = fields.get("mem_batch_size", 0) if "replay" in unit.strategy.split("+") else 0
+    return [share * (1.0 if i == 0 else 1.0 + replayed / fields["batch_size"]) for i, share in enumerate(shares)]
+
+
 def tokens(settings: dict[str, Any]) -> int:
     """Tokens per image: (image / patch)² patches and the class token."""
     return (settings["image_size"] // settings["patch_size"]) ** 2 + 1

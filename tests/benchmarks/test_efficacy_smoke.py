@@ -58,16 +58,20 @@ def test_efficacy_study_tiny(tmp_path, monkeypatch, capsys):
     assert execution["compile_layers"] is False and execution["commit"] == report["environment"]["commit"]
     assert efficacy.main([*common, "--out", str(out), "--part", "test"]) == 2
     assert "tuning of scenario class is not finished" in capsys.readouterr().err
-    # Past the time limit nothing starts; nor a unit whose experience would pass it, judged by the finished ones.
+    # Past the time limit nothing starts; nor a unit that would pass it, judged by the finished ones.
     assert efficacy.main([*common, "--out", str(out), "--time-limit", "1e-9"]) == 0
     assert json.loads(report_path.read_text())["units"]["tune"] == [3, 44]
     records = efficacy.finished_records(out).values()
-    assert efficacy.experience_estimate(records) == max(2 * r["wall_time_s"] / 3 for r in records) > 0
-    estimate = efficacy.experience_estimate
-    monkeypatch.setattr(efficacy, "experience_estimate", lambda records: 3600.0)
+    plan = report["plan"]
+    units = [efficacy_plan.Unit(**{**r["unit"], "overrides": tuple(map(tuple, r["unit"]["overrides"]))})
+             for r in records]
+    assert efficacy.seconds_per_weight_of(records, plan) == max(
+        r["wall_time_s"] / sum(efficacy_plan.experience_weights(u, plan)) for r, u in zip(records, units)) > 0
+    estimate = efficacy.seconds_per_weight_of
+    monkeypatch.setattr(efficacy, "seconds_per_weight_of", lambda records, plan: 3600.0)
     assert efficacy.main([*common, "--out", str(out), "--time-limit", "30"]) == 0
     assert json.loads(report_path.read_text())["units"]["tune"] == [3, 44]
-    monkeypatch.setattr(efficacy, "experience_estimate", estimate)
+    monkeypatch.setattr(efficacy, "seconds_per_weight_of", estimate)
 
     monkeypatch.setattr(efficacy, "ARCHIVE_PART_BYTES", 2**12)  # so the archive comes in parts
     assert efficacy.main([*common, "--out", str(out), "--archive", str(archive)]) == 0
@@ -130,28 +134,40 @@ def test_a_failed_unit_is_reported_and_the_others_go_on(tmp_path, monkeypatch, c
     assert f"unit {units[1].name} failed: RuntimeError: CUDA error: out of memory" in err
 
 
-def test_the_deadline_allows_for_the_longest_experience_not_the_last(tmp_path, monkeypatch):
-    """A first experience of 30 s then one of 10 s: at 40 s of a 60-s budget a third may take 30 s again."""
+def test_experience_weights_follow_the_data_and_the_replayed_images():
+    plan = efficacy_plan.make_plan("short", [100, 101], [200, 201])
+    lwf, *_ = efficacy_plan.tuning_units(plan, "task")
+    assert efficacy_plan.experience_weights(lwf, plan) == pytest.approx([0.6, 0.2, 0.2])
+    replay = [u for u in efficacy_plan.tuning_units(plan, "class") if dict(u.overrides).get("mem_batch_size") == 64]
+    assert efficacy_plan.experience_weights(replay[0], plan) == pytest.approx([0.6, 0.6, 0.6])  # 32 + 64 a batch
+    domain = efficacy_plan.tuning_units(plan, "domain")[0]
+    assert efficacy_plan.experience_weights(domain, plan) == pytest.approx([0.25] * 4)
+
+
+def test_the_deadline_judges_each_experience_by_its_weight(tmp_path, monkeypatch):
+    """Experiences of weight 0.6, 0.2, 0.2 taking 30 s and 10 s: 50 s per weight; 45 s allow two, not three."""
     clock = {"now": 0.0}
     fake_time = types.SimpleNamespace(time=lambda: clock["now"], perf_counter=lambda: clock["now"])
     trained = []
 
     def run_experiment(config, out, log, **_):
-        for seconds in (30.0, 10.0, 30.0):
+        for index, seconds in enumerate((30.0, 10.0, 10.0)):
             clock["now"] += seconds
             trained.append(seconds)
-            log("experience done")
+            log(f"             lwf seed 100  exp {index + 1}/3  avg acc 0.500  ({clock['now']:.1f} s)")
         raise AssertionError("the deadline should have stopped the unit")
 
     monkeypatch.setattr(efficacy, "time", fake_time)
     monkeypatch.setattr(efficacy, "load_data", lambda *_: None)
     monkeypatch.setattr("cl_streamkl.experiment.runner.run_experiment", run_experiment)
-    monkeypatch.setattr(efficacy, "_longest_experience_s", 0.0)
+    monkeypatch.setattr(efficacy, "_seconds_per_weight", 0.0)
     plan = efficacy_plan.make_plan("short", [100, 101], [200, 201])
     unit = efficacy_plan.tuning_units(plan, "task")[0]
-    assert efficacy.run_unit(unit, plan, "cpu", str(tmp_path), deadline=60.0) is None
+    # After the first experience (30 s) the second is expected to take 10 s: 40 <= 45 goes on;
+    # a third would end at 50 s, past the deadline: the unit stops with two experiences done.
+    assert efficacy.run_unit(unit, plan, "cpu", str(tmp_path), deadline=45.0) is None
     assert trained == [30.0, 10.0]
-    # The next unit in this worker does not start when its first experience could pass the deadline.
-    clock["now"] = 31.0
+    # The next unit in this worker does not start when all of it (50 s) could not end by the deadline.
+    clock["now"] = 11.0
     assert efficacy.run_unit(efficacy_plan.tuning_units(plan, "task")[1], plan, "cpu", str(tmp_path), 60.0) is None
     assert trained == [30.0, 10.0]
