@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from _harness.efficacy_plan import REGIMES, make_plan, tuning_units
+from _harness.efficacy_units import load_data, run_unit
 from _harness.options import add_run_flags, checked_device
 from _harness.report import describe_environment, write_json
 
@@ -106,16 +107,14 @@ def step_times(settings: dict[str, Any], variant: str, device: torch.device, ste
 
 def _one_unit(index: int, regime: str, settings: dict[str, Any], epochs: int, device: str,
               compiled: bool) -> dict[str, Any]:
-    import efficacy
-
     torch.set_num_threads(1)
     REGIMES[regime] = settings  # this process's copy of the plan's regimes: the parent's settings
     plan = make_plan(regime, [100, 101], [200, 201], epochs=epochs)
     units = tuning_units(plan, "task")
     unit = units[(8 * index) % len(units)]  # LwF, EWC, PAD, StreamKL in turn
-    efficacy.load_data(unit, plan)
+    load_data(unit, plan)
     start, cpu = time.perf_counter(), time.process_time()
-    record = efficacy.run_unit(unit, plan, device, tempfile.mkdtemp(), None,
+    record = run_unit(unit, plan, device, tempfile.mkdtemp(), None,
                                execution={"compile_layers": compiled})
     return {"strategy": unit.strategy, "train_s": record["wall_time_s"], "unit_s": time.perf_counter() - start,
             "cpu_s": time.process_time() - cpu}

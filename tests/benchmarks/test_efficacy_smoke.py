@@ -10,6 +10,7 @@ import pytest
 
 efficacy = pytest.importorskip("efficacy")
 efficacy_plan = pytest.importorskip("_harness.efficacy_plan")
+efficacy_units = pytest.importorskip("_harness.efficacy_units")
 
 
 def test_every_method_gets_the_same_number_of_settings():
@@ -61,17 +62,17 @@ def test_efficacy_study_tiny(tmp_path, monkeypatch, capsys):
     # Past the time limit nothing starts; nor a unit that would pass it, judged by the finished ones.
     assert efficacy.main([*common, "--out", str(out), "--time-limit", "1e-9"]) == 0
     assert json.loads(report_path.read_text())["units"]["tune"] == [3, 44]
-    records = efficacy.finished_records(out).values()
+    records = efficacy_units.finished_records(out).values()
     plan = report["plan"]
     units = [efficacy_plan.Unit(**{**r["unit"], "overrides": tuple(map(tuple, r["unit"]["overrides"]))})
              for r in records]
-    assert efficacy.seconds_per_weight_of(records, plan) == max(
+    assert efficacy_units.seconds_per_weight_of(records, plan) == max(
         r["wall_time_s"] / sum(efficacy_plan.experience_weights(u, plan)) for r, u in zip(records, units)) > 0
-    estimate = efficacy.seconds_per_weight_of
-    monkeypatch.setattr(efficacy, "seconds_per_weight_of", lambda records, plan: 3600.0)
+    estimate = efficacy_units.seconds_per_weight_of
+    monkeypatch.setattr(efficacy_units, "seconds_per_weight_of", lambda records, plan: 3600.0)
     assert efficacy.main([*common, "--out", str(out), "--time-limit", "30"]) == 0
     assert json.loads(report_path.read_text())["units"]["tune"] == [3, 44]
-    monkeypatch.setattr(efficacy, "seconds_per_weight_of", estimate)
+    monkeypatch.setattr(efficacy_units, "seconds_per_weight_of", estimate)
 
     monkeypatch.setattr(efficacy, "ARCHIVE_PART_BYTES", 2**12)  # so the archive comes in parts
     assert efficacy.main([*common, "--out", str(out), "--archive", str(archive)]) == 0
@@ -127,9 +128,9 @@ def test_a_failed_unit_is_reported_and_the_others_go_on(tmp_path, monkeypatch, c
             raise RuntimeError("CUDA error: out of memory")
         return {"accuracy_matrix": [[0.5, 0.5]], "process_s": 1.0}
 
-    monkeypatch.setattr(efficacy, "run_unit", run_unit)
+    monkeypatch.setattr(efficacy_units, "run_unit", run_unit)
     args = argparse.Namespace(out=tmp_path, device="cpu", execution={})
-    assert efficacy.run_units(units, efficacy.InProcess(), plan, args, None) == (2, 0, 1)
+    assert efficacy_units.run_units(units, efficacy_units.InProcess(), plan, args, None) == (2, 0, 1)
     err = capsys.readouterr().err
     assert f"unit {units[1].name} failed: RuntimeError: CUDA error: out of memory" in err
 
@@ -157,17 +158,18 @@ def test_the_deadline_judges_each_experience_by_its_weight(tmp_path, monkeypatch
             log(f"             lwf seed 100  exp {index + 1}/3  avg acc 0.500  ({clock['now']:.1f} s)")
         raise AssertionError("the deadline should have stopped the unit")
 
-    monkeypatch.setattr(efficacy, "time", fake_time)
-    monkeypatch.setattr(efficacy, "load_data", lambda *_: None)
+    monkeypatch.setattr(efficacy_units, "time", fake_time)
+    monkeypatch.setattr(efficacy_units, "load_data", lambda *_: None)
     monkeypatch.setattr("cl_streamkl.experiment.runner.run_experiment", run_experiment)
-    monkeypatch.setattr(efficacy, "_seconds_per_weight", 0.0)
+    monkeypatch.setattr(efficacy_units, "_seconds_per_weight", 0.0)
     plan = efficacy_plan.make_plan("short", [100, 101], [200, 201])
     unit = efficacy_plan.tuning_units(plan, "task")[0]
     # After the first experience (30 s) the second is expected to take 10 s: 40 <= 45 goes on;
     # a third would end at 50 s, past the deadline: the unit stops with two experiences done.
-    assert efficacy.run_unit(unit, plan, "cpu", str(tmp_path), deadline=45.0) is None
+    assert efficacy_units.run_unit(unit, plan, "cpu", str(tmp_path), deadline=45.0) is None
     assert trained == [30.0, 10.0]
     # The next unit in this worker does not start when all of it (50 s) could not end by the deadline.
     clock["now"] = 11.0
-    assert efficacy.run_unit(efficacy_plan.tuning_units(plan, "task")[1], plan, "cpu", str(tmp_path), 60.0) is None
+    second = efficacy_plan.tuning_units(plan, "task")[1]
+    assert efficacy_units.run_unit(second, plan, "cpu", str(tmp_path), 60.0) is None
     assert trained == [30.0, 10.0]

@@ -22,7 +22,8 @@ _INDUCTOR = compiled_layers._compiled
 @pytest.fixture(autouse=True)
 def _traced_not_generated(monkeypatch):
     """Dynamo and AOT autograd trace as on a GPU; no C++ is generated (CI may have no compiler)."""
-    monkeypatch.setattr(compiled_layers, "_compiled", functools.cache(lambda fn: torch.compile(fn, backend="aot_eager")))
+    traced = functools.cache(lambda fn: torch.compile(fn, backend="aot_eager"))
+    monkeypatch.setattr(compiled_layers, "_compiled", traced)
 
 
 def _vit(depth: int = 2, drop_rate: float = 0.0) -> nn.Module:

@@ -1,0 +1,186 @@
+"""Running the efficacy study's units: one unit in a worker process, a pool of them under a deadline.
+
+A unit (:class:`~_harness.efficacy_plan.Unit`) trains through the experiment runner into
+``root/runs/<name>`` and, when finished, writes its record to ``root/units/<name>.json``
+(atomically) and drops its checkpoints. A deadline ends a start cleanly: see
+:data:`_seconds_per_weight`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import json
+import os
+import re
+import shutil
+import sys
+import time
+import traceback
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from _harness.efficacy_plan import Unit, experience_weights
+from cl_streamkl.experiment.config import ExperimentConfig
+
+# Seconds per unit of experience weight (:func:`experience_weights`: one pass over all
+# classes' data) a worker has seen at most, at first from finished units: a unit does not
+# start unless all of it would end before the deadline, and a running one stops after an
+# experience when the next would not, so a time-limited start leaves no unit half done
+# unless an estimate was wrong.
+_seconds_per_weight = 0.0
+# The runner's line after each experience: "... exp 2/3 ...".
+_EXPERIENCE_DONE = re.compile(r"\bexp (\d+)/(\d+)\b")
+_splits_cache: dict[str, Any] = {}
+
+class _OutOfTime(Exception):
+    """Raised after a checkpointed experience when the next one would pass the deadline."""
+
+
+def init_worker(threads: int, gpus: int, counter: Any) -> None:
+    import warnings
+
+    with counter.get_lock():
+        index = counter.value
+        counter.value += 1
+    if gpus > 1:
+        # Before CUDA is initialised: worker i drives GPU i mod gpus.
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(index % gpus)
+    import torch
+
+    torch.set_num_threads(threads)
+    warnings.filterwarnings("ignore")
+
+
+def load_data(unit: Unit, plan: dict[str, Any], config: Any = None) -> Any:
+    """The regime's data, checked and loaded (or generated and cached) once per process.
+
+    Args:
+        unit, plan: a unit of the plan (its regime's data serves every unit).
+        config: the unit's resolved configuration (default: built here, on the CPU).
+    """
+    from cl_streamkl.experiment.preflight import check_experiment
+
+    key = json.dumps(plan["settings"], sort_keys=True)
+    if key not in _splits_cache:
+        _splits_cache[key] = check_experiment(
+            config or ExperimentConfig.from_dict({**unit.config_fields(plan), "device": "cpu"}).resolved())
+    return _splits_cache[key]
+
+
+def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline: float | None,
+             seconds_per_weight: float = 0.0, execution: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Train one unit and return its record (read back when done); None when stopped by the deadline.
+
+    ``seconds_per_weight``: an experience's expected seconds per unit of its weight, at least
+    (:func:`seconds_per_weight_of`).
+    ``execution``: how this start runs units, recorded with each (``commit``, ``device``, and
+    ``compile_layers``: configuration that changes rounding only, so not part of the plan).
+    """
+    execution = execution or {}
+    global _seconds_per_weight
+    from cl_streamkl.experiment.runner import run_experiment
+
+    _seconds_per_weight = max(_seconds_per_weight, seconds_per_weight)
+    record = Path(root) / "units" / f"{unit.name}.json"
+    if record.is_file():
+        return json.loads(record.read_text())
+    weights = experience_weights(unit, plan)
+    if deadline is not None and time.time() + _seconds_per_weight * sum(weights) > deadline:
+        return None
+    out = Path(root) / "runs" / unit.name
+    config = ExperimentConfig.from_dict({**unit.config_fields(plan), "device": device, "out": str(out),
+                                         "compile_layers": bool(execution.get("compile_layers"))}).resolved()
+    splits = load_data(unit, plan, config)
+    start = last = time.perf_counter()
+
+    def after_experience(line: str) -> None:
+        global _seconds_per_weight
+        nonlocal last
+        now = time.perf_counter()
+        done = _EXPERIENCE_DONE.search(line)
+        if done:
+            index = int(done.group(1)) - 1
+            following = weights[index + 1] if index + 1 < len(weights) else 0.0
+        else:  # a line of another form: assume the heaviest experience just ended and comes again
+            index = max(range(len(weights)), key=weights.__getitem__)
+            following = weights[index]
+        _seconds_per_weight, last = max(_seconds_per_weight, (now - last) / weights[index]), now
+        if deadline is not None and following and time.time() + _seconds_per_weight * following > deadline:
+            raise _OutOfTime
+
+    try:
+        result = run_experiment(config, out, resume=out.exists(), show_progress=False, log=after_experience,
+                                splits=splits)[0]
+    except _OutOfTime:
+        return None
+    payload = {"unit": dataclasses.asdict(unit), **result.to_dict(), "process_s": time.perf_counter() - start,
+               "execution": execution}
+    record.parent.mkdir(parents=True, exist_ok=True)
+    # Atomically: a start killed at its time limit leaves no half-written record.
+    partial = record.with_name(record.name + ".partial")
+    partial.write_text(json.dumps(payload) + "\n")
+    os.replace(partial, record)
+    shutil.rmtree(out, ignore_errors=True)  # its checkpoint is no longer needed
+    return payload
+
+
+class InProcess(concurrent.futures.Executor):
+    """``--workers 0``: every unit in this process, one after the other (tests, debugging)."""
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except Exception as err:  # as a worker process would: the caller reads it from the future
+            future.set_exception(err)
+        return future
+
+
+def finished_records(root: Path) -> dict[str, dict[str, Any]]:
+    """Every finished unit's record under ``root/units``, by unit name."""
+    return {path.stem: json.loads(path.read_text()) for path in sorted((root / "units").glob("*.json"))}
+
+
+def seconds_per_weight_of(records: Iterable[dict[str, Any]], plan: dict[str, Any]) -> float:
+    """The most seconds per unit of experience weight any finished unit of ``plan`` took (0 if none)."""
+    rates = []
+    for record in records:
+        unit = Unit(**{**record["unit"], "overrides": tuple(tuple(pair) for pair in record["unit"]["overrides"])})
+        if unit.scenario in plan["scenarios"]:
+            rates.append(record["wall_time_s"] / sum(experience_weights(unit, plan)))
+    return max(rates, default=0.0)
+
+
+def run_units(units: Sequence[Unit], pool: concurrent.futures.Executor, plan: dict[str, Any], args: argparse.Namespace,
+              deadline: float | None) -> tuple[int, int, int]:
+    """Run ``units``; returns (finished, stopped by the deadline, failed).
+
+    A unit that raises is reported on stderr and the others go on: one broken run must not
+    cost a time-limited machine call every other unit's work (its checkpoints stay in the
+    archive).
+    """
+    estimate = seconds_per_weight_of(finished_records(args.out).values(), plan)
+    futures = {pool.submit(run_unit, unit, plan, args.device, str(args.out), deadline, estimate, args.execution): unit
+               for unit in units}
+    finished = stopped = failed = 0
+    for future in concurrent.futures.as_completed(futures):
+        unit = futures[future]
+        try:
+            record = future.result()
+        except Exception as err:
+            failed += 1
+            detail = "".join(traceback.format_exception(err)).rstrip()
+            print(f"efficacy.py: unit {unit.name} failed: {type(err).__name__}: {err}\n{detail}", file=sys.stderr,
+                  flush=True)
+            continue
+        if record is None:
+            stopped += 1
+            continue
+        finished += 1
+        last = record["accuracy_matrix"][-1]
+        print(f"[{finished}/{len(units)}] {unit.name}: mean experience accuracy {100 * sum(last) / len(last):.1f} % "
+              f"({record['process_s']:.0f} s)", flush=True)
+    return finished, stopped, failed
