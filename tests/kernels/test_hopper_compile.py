@@ -20,16 +20,13 @@ Run directly (``python tests/kernels/test_hopper_compile.py``) it prints one lin
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import sys
-from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from hopper_ptx import COPY16, compiled_counts, print_counts
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 class Case(NamedTuple):
@@ -133,34 +130,17 @@ def ptx_counts(ptx: str) -> dict[str, int]:
     return {
         "atomics": len(re.findall(r"\bred\.|\batom\.", ptx)),
         "ex2": len(re.findall(r"\bex2\.approx", ptx)),
-        "copy16": len(re.findall(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10\b", ptx)),
+        "copy16": len(COPY16.findall(ptx)),
     }
 
 
 def main() -> int:
-    failures = 0
-    for case in CASES:
-        try:
-            counts = ptx_counts(compile_for_hopper(case).asm["ptx"])
-            print(f"ok   {case.label()} | " + " ".join(f"{key}={value}" for key, value in counts.items()), flush=True)
-        except Exception as error:  # report every kernel, then fail
-            failures += 1
-            print(f"FAIL {case.label()}: {type(error).__name__}: {error}", flush=True)
-    return 1 if failures else 0
+    return print_counts(CASES, lambda case: ptx_counts(compile_for_hopper(case).asm["ptx"]))
 
 
 def test_kernels_compile_for_sm90():
     pytest.importorskip("triton.backends.nvidia", reason="this Triton has no NVIDIA backend")
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    result = subprocess.run(
-        [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=1800, cwd=REPO
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    counts = {}
-    for line in result.stdout.splitlines():
-        label, _, values = line.removeprefix("ok   ").partition(" | ")
-        counts[label] = {key: int(value) for key, value in (item.split("=") for item in values.split())}
+    counts = compiled_counts(__file__, timeout=1800)
     assert len(counts) == len(CASES)
     for case in CASES:
         these = counts[case.label()]

@@ -12,16 +12,12 @@ Run directly (``python tests/kernels/test_pooled_hopper_compile.py``) it prints 
 
 from __future__ import annotations
 
-import os
-import re
-import subprocess
 import sys
-from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from hopper_ptx import COPY16, compiled_counts, print_counts
 
-REPO = Path(__file__).resolve().parents[2]
 KERNELS = ("rows", "keys", "backward_dq", "backward_dk")
 
 
@@ -86,34 +82,13 @@ def compile_for_hopper(case: Case):
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def copies16(ptx: str) -> int:
-    """16-byte asynchronous global-to-shared copies in a kernel's PTX."""
-    return len(re.findall(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10\b", ptx))
-
-
 def main() -> int:
-    failures = 0
-    for case in CASES:
-        try:
-            print(f"ok   {case.label()} | copy16={copies16(compile_for_hopper(case).asm['ptx'])}", flush=True)
-        except Exception as error:  # report every kernel, then fail
-            failures += 1
-            print(f"FAIL {case.label()}: {type(error).__name__}: {error}", flush=True)
-    return 1 if failures else 0
+    return print_counts(CASES, lambda case: {"copy16": len(COPY16.findall(compile_for_hopper(case).asm["ptx"]))})
 
 
 def test_pooled_kernels_compile_for_sm90():
     pytest.importorskip("triton.backends.nvidia", reason="this Triton has no NVIDIA backend")
-    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    result = subprocess.run(
-        [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=1200, cwd=REPO
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    copies = {}
-    for line in result.stdout.splitlines():
-        label, _, value = line.removeprefix("ok   ").partition(" | copy16=")
-        copies[label] = int(value)
+    copies = {label: values["copy16"] for label, values in compiled_counts(__file__, timeout=1200).items()}
     assert set(copies) == {case.label() for case in CASES}
     for case in CASES:
         if case.dtype == "bf16":

@@ -1,0 +1,54 @@
+"""What the sm_90 compile tests share: compile every case in a fresh process, one line per kernel.
+
+Each test file runs itself as a script (without ``TRITON_INTERPRET``, which the other tests
+set) and reads back one line per case: ``ok   LABEL | key=value ...`` counts of its PTX.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+# 16-byte asynchronous global-to-shared copies: how tiles should be loaded on Hopper.
+COPY16 = re.compile(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10\b")
+
+
+def print_counts(cases: Sequence[Any], counts: Callable[[Any], dict[str, int]]) -> int:
+    """The script's body: ``ok   LABEL | key=value ...`` per case, ``FAIL ...`` for a case that fails.
+
+    Returns:
+        The exit status: 1 if any case failed, else 0.
+    """
+    failures = 0
+    for case in cases:
+        try:
+            values = counts(case)
+            print(f"ok   {case.label()} | " + " ".join(f"{key}={value}" for key, value in values.items()), flush=True)
+        except Exception as error:  # report every kernel, then fail
+            failures += 1
+            print(f"FAIL {case.label()}: {type(error).__name__}: {error}", flush=True)
+    return 1 if failures else 0
+
+
+def compiled_counts(script: str, timeout: float) -> dict[str, dict[str, int]]:
+    """Run ``script`` in a fresh process without the interpreter; its counts by case label.
+
+    Raises:
+        AssertionError: the script failed (its output is the message).
+    """
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    result = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=timeout,
+                            cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    counts = {}
+    for line in result.stdout.splitlines():
+        label, _, values = line.removeprefix("ok   ").partition(" | ")
+        counts[label] = {key: int(value) for key, value in (item.split("=") for item in values.split())}
+    return counts
