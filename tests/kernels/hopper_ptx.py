@@ -19,6 +19,43 @@ REPO = Path(__file__).resolve().parents[2]
 COPY16 = re.compile(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10\b")
 
 
+def compile_sm90(kernel: Any, constants: dict[str, Any], pointer_type: Callable[[str], str | None],
+                 odd_integers: set[str], options: dict[str, int]) -> Any:
+    """Compile a Triton kernel for sm_90, its arguments specialised as a launcher's would be.
+
+    Args:
+        kernel: the ``@triton.jit`` function.
+        constants: its ``constexpr`` arguments.
+        pointer_type: a tensor argument's pointer type (``"*bf16"``, ...), None for the others.
+        odd_integers: integer arguments not divisible by 16 at the shapes in mind; every other
+            integer and every pointer is marked divisible by 16, ``scale*`` arguments are fp32.
+        options: ``num_warps`` and ``num_stages``.
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    signature, attrs = {}, {}
+    for index, arg in enumerate(kernel.arg_names):
+        if arg in constants:
+            signature[arg] = "constexpr"
+            continue
+        pointer = pointer_type(arg)
+        if pointer is not None:
+            signature[arg] = pointer
+        elif arg.startswith("scale"):
+            signature[arg] = "fp32"
+            continue
+        else:
+            signature[arg] = "i32"
+            if arg in odd_integers:
+                continue
+        attrs[(index,)] = [["tt.divisibility", 16]]
+    source = ASTSource(fn=kernel, signature=signature, attrs=attrs,
+                       constexprs={(kernel.arg_names.index(arg),): value for arg, value in constants.items()})
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+
 def print_counts(cases: Sequence[Any], counts: Callable[[Any], dict[str, int]]) -> int:
     """The script's body: ``ok   LABEL | key=value ...`` per case, ``FAIL ...`` for a case that fails.
 

@@ -25,7 +25,7 @@ import sys
 from typing import NamedTuple
 
 import pytest
-from hopper_ptx import COPY16, compiled_counts, print_counts
+from hopper_ptx import COPY16, compile_sm90, compiled_counts, print_counts
 
 
 
@@ -60,10 +60,7 @@ CASES = (
 
 def compile_for_hopper(case: Case):
     """Compile one kernel for sm_90 (bf16 inputs, head dims 64); raises on a compile error."""
-    import triton
     import triton.language as tl
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
     from cl_streamkl.kernels.config import EXP2_VARIANTS
     from cl_streamkl.kernels.triton import backward, forward
@@ -98,31 +95,16 @@ def compile_for_hopper(case: Case):
     # Integer arguments Triton would not see as divisible by 16 at 32x12x197x64.
     odd_integers = {"num_heads", "n_q", "n_k", "batch_size", "stride_gl"}
     float32_pointers = {"ROW_KL", "LSE_S", "LSE_T", "GRAD", "DQ_SUM", "DQT_SUM"}
-    signature, attrs = {}, {}
-    for index, arg in enumerate(kernel.arg_names):
-        if arg in constants:
-            signature[arg] = "constexpr"
-            continue
+
+    def pointer_type(arg: str) -> str | None:
         if arg == "TABLE":
-            signature[arg] = "*i64"
-        elif arg.isupper() and not arg.endswith("_BUCKET"):  # tensors; the buckets are ints
-            signature[arg] = "*fp32" if arg in float32_pointers else "*bf16"
-        elif arg.startswith("scale"):
-            signature[arg] = "fp32"
-            continue
-        else:
-            signature[arg] = "i32"
-            if arg in odd_integers:
-                continue
-        attrs[(index,)] = [["tt.divisibility", 16]]
-    source = ASTSource(
-        fn=kernel,
-        signature=signature,
-        constexprs={(kernel.arg_names.index(arg),): value for arg, value in constants.items()},
-        attrs=attrs,
-    )
+            return "*i64"
+        if arg.isupper() and not arg.endswith("_BUCKET"):  # tensors; the buckets are ints
+            return "*fp32" if arg in float32_pointers else "*bf16"
+        return None
+
     warps, stages = (8, 3) if case.kind == "fwd" else (4, 2)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    return compile_sm90(kernel, constants, pointer_type, odd_integers, {"num_warps": warps, "num_stages": stages})
 
 
 def ptx_counts(ptx: str) -> dict[str, int]:

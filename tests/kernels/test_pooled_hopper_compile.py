@@ -16,7 +16,7 @@ import sys
 from typing import NamedTuple
 
 import pytest
-from hopper_ptx import COPY16, compiled_counts, print_counts
+from hopper_ptx import COPY16, compile_sm90, compiled_counts, print_counts
 
 KERNELS = ("rows", "keys", "backward_dq", "backward_dk")
 
@@ -37,10 +37,6 @@ CASES = [Case(kernel, squared) for kernel in KERNELS for squared in (True, False
 
 def compile_for_hopper(case: Case):
     """Compile one kernel for sm_90; raises on a compile error."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     from cl_streamkl.kernels.triton.pooled_ops import POOLED_LAUNCHERS, pooled_tiles
 
     kernel = POOLED_LAUNCHERS[case.kernel].untuned
@@ -55,31 +51,14 @@ def compile_for_hopper(case: Case):
     }
     # Integers Triton would not see as divisible by 16 at 4x12x4097x64; a dense upstream gradient's row stride is 1.
     odd_integers = {"num_heads", "n_q", "n_k", "stride_gkn", "stride_grn"}
-    signature, attrs = {}, {}
-    for index, arg in enumerate(kernel.arg_names):
-        if arg in constants:
-            signature[arg] = "constexpr"
-            continue
+
+    def pointer_type(arg: str) -> str | None:
         if arg in ("Q", "K", "DQ", "DK"):
-            signature[arg] = f"*{case.dtype}"
-        elif arg.isupper():
-            signature[arg] = "*fp32"
-        elif arg.startswith("scale"):
-            signature[arg] = "fp32"
-            continue
-        else:
-            signature[arg] = "i32"
-            if arg in odd_integers:
-                continue
-        attrs[(index,)] = [["tt.divisibility", 16]]
-    source = ASTSource(
-        fn=kernel,
-        signature=signature,
-        constexprs={(kernel.arg_names.index(arg),): value for arg, value in constants.items()},
-        attrs=attrs,
-    )
+            return f"*{case.dtype}"
+        return "*fp32" if arg.isupper() else None
+
     options = {"num_warps": tiles["num_warps"], "num_stages": tiles["num_stages"]}
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    return compile_sm90(kernel, constants, pointer_type, odd_integers, options)
 
 
 def main() -> int:
