@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 from _harness.efficacy_plan import REGIMES, make_plan, tuning_units
 from _harness.efficacy_units import load_data, run_unit
+from _harness.measure import gpu_kernel_times_us, sync
 from _harness.options import add_run_flags, checked_device
 from _harness.report import describe_environment, write_json
 
@@ -57,10 +58,11 @@ def _model(settings: dict[str, Any], device: torch.device) -> torch.nn.Module:
                        stem=settings.get("stem", "patch")).to(device)
 
 
-def step_times(settings: dict[str, Any], variant: str, device: torch.device, steps: int) -> dict[str, float]:
-    """Wall and kernel milliseconds per training step of one variant (see :data:`STEP_VARIANTS`)."""
-    from torch.profiler import ProfilerActivity, profile
+def step_times(settings: dict[str, Any], variant: str, device: torch.device, steps: int) -> dict[str, float | None]:
+    """Wall and GPU kernel milliseconds per training step of one variant (see :data:`STEP_VARIANTS`).
 
+    The kernel time is None off CUDA.
+    """
     from cl_streamkl.experiment.compiled_layers import compile_layers
     from cl_streamkl.experiment.template import autocast
 
@@ -80,29 +82,18 @@ def step_times(settings: dict[str, Any], variant: str, device: torch.device, ste
         optimizer.step()
         optimizer.zero_grad()
 
-    def synchronize() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
     start = time.perf_counter()
     for _ in range(3):  # compiles here
         step()
-    synchronize()
+    sync(device)
     first_s = time.perf_counter() - start
     start = time.perf_counter()
     for _ in range(steps):
         step()
-    synchronize()
+    sync(device)
     wall_ms = 1e3 * (time.perf_counter() - start) / steps
-    with profile(activities=[ProfilerActivity.CUDA] if device.type == "cuda" else [ProfilerActivity.CPU]) as prof:
-        for _ in range(10):
-            step()
-        synchronize()
-    # Kernels only: user annotations (the optimizer's step range) span kernels counted already.
-    kernels = [event for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA
-               and not event.name.startswith(("Optimizer.", "ProfilerStep"))]
-    return {"wall_ms": wall_ms, "kernel_ms": sum(event.device_time for event in kernels) / 1e3 / 10,
-            "kernels": len(kernels) / 10, "first_steps_s": first_s}
+    kernel_ms = sum(gpu_kernel_times_us(step).values()) / 1e3 if device.type == "cuda" else None
+    return {"wall_ms": wall_ms, "kernel_ms": kernel_ms, "first_steps_s": first_s}
 
 
 def _one_unit(index: int, regime: str, settings: dict[str, Any], epochs: int, device: str,

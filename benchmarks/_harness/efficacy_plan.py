@@ -168,6 +168,11 @@ class Unit:
     seed: int
     overrides: tuple[tuple[str, Any], ...]
 
+    @classmethod
+    def from_record(cls, data: dict[str, Any]) -> Unit:
+        """The unit a finished unit's record names (its ``"unit"``, read back from JSON)."""
+        return cls(**{**data, "overrides": tuple(tuple(pair) for pair in data["overrides"])})
+
     @property
     def label(self) -> str:
         """The strategy as the tables name it: ``replay+streamkl (mem200)``."""

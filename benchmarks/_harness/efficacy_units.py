@@ -35,6 +35,7 @@ _seconds_per_weight = 0.0
 _EXPERIENCE_DONE = re.compile(r"\bexp (\d+)/(\d+)\b")
 _splits_cache: dict[str, Any] = {}
 
+
 class _OutOfTime(Exception):
     """Raised after a checkpointed experience when the next one would pass the deadline."""
 
@@ -79,10 +80,10 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
     ``execution``: how this start runs units, recorded with each (``commit``, ``device``, and
     ``compile_layers``: configuration that changes rounding only, so not part of the plan).
     """
-    execution = execution or {}
     global _seconds_per_weight
     from cl_streamkl.experiment.runner import run_experiment
 
+    execution = execution or {}
     _seconds_per_weight = max(_seconds_per_weight, seconds_per_weight)
     record = Path(root) / "units" / f"{unit.name}.json"
     if record.is_file():
@@ -148,7 +149,7 @@ def seconds_per_weight_of(records: Iterable[dict[str, Any]], plan: dict[str, Any
     """The most seconds per unit of experience weight any finished unit of ``plan`` took (0 if none)."""
     rates = []
     for record in records:
-        unit = Unit(**{**record["unit"], "overrides": tuple(tuple(pair) for pair in record["unit"]["overrides"])})
+        unit = Unit.from_record(record["unit"])
         if unit.scenario in plan["scenarios"]:
             rates.append(record["wall_time_s"] / sum(experience_weights(unit, plan)))
     return max(rates, default=0.0)

@@ -64,8 +64,7 @@ def test_efficacy_study_tiny(tmp_path, monkeypatch, capsys):
     assert json.loads(report_path.read_text())["units"]["tune"] == [3, 44]
     records = efficacy_units.finished_records(out).values()
     plan = report["plan"]
-    units = [efficacy_plan.Unit(**{**r["unit"], "overrides": tuple(map(tuple, r["unit"]["overrides"]))})
-             for r in records]
+    units = [efficacy_plan.Unit.from_record(r["unit"]) for r in records]
     assert efficacy_units.seconds_per_weight_of(records, plan) == max(
         r["wall_time_s"] / sum(efficacy_plan.experience_weights(u, plan)) for r, u in zip(records, units)) > 0
     estimate = efficacy_units.seconds_per_weight_of
