@@ -18,7 +18,7 @@ batch 32, bf16 autocast, the 4-block 64-wide ViT with early convolutions):
 Run from the repository root::
 
     PYTHONPATH=. python benchmarks/efficacy_throughput.py --device cuda --processes 1 14 \\
-        --json benchmarks/results/efficacy-throughput.json
+        --json benchmarks/results/study-throughput.json
     PYTHONPATH=. python benchmarks/efficacy_throughput.py --tiny --device cpu   # smoke run
 """
 
@@ -175,7 +175,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         regime = "tiny smoke run" if args.tiny else f"{args.regime} regime"
         write_json(args.json, {"title": f"Efficacy study throughput, {regime}, {args.epochs}-epoch units",
-                               **environment, "settings": settings, "columns": columns, "rows": rows, "runs": runs})
+                               "gpu": environment["device"], "torch": environment["torch"],
+                               "triton": environment["triton"], "python": environment["python"],
+                               "commit": environment["commit"], "settings": settings, "columns": columns,
+                               "rows": rows, "runs": runs})
     return 0
 
 

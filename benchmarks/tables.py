@@ -57,6 +57,8 @@ def _link(target: Path, document: Path) -> str:
 
 
 def _cell(value: Any, column: dict[str, Any]) -> str:
+    if value is None:  # a measurement the row's kind does not make
+        return "–"
     if isinstance(value, (int, float)) and not isinstance(value, bool) and "format" in column:
         return format(value, column["format"])
     return str(value)

@@ -53,3 +53,8 @@ def test_unknown_table_is_refused(tmp_path):
     document.write_text("<!-- table:no-such-table -->\n<!-- /table -->\n")
     with pytest.raises(ValueError, match="no-such-table"):
         tables.regenerate(document)
+
+
+def test_missing_values_show_as_a_dash():
+    columns = [{"name": "a"}, {"name": "b", "align": "right", "format": ".1f"}]
+    assert tables.markdown_table(columns, [[None, 2.0], ["x", None]])[2:] == ["| – | 2.0 |", "| x | – |"]
