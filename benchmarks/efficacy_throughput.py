@@ -1,6 +1,6 @@
 """How fast do the efficacy study's units run on one GPU? Kernel time per step, and units per minute.
 
-Two measurements on a regime of the study (default ``long``: cluttered MNIST, 1025 tokens,
+Three measurements on a regime of the study (default ``long``: cluttered MNIST, 1025 tokens,
 batch 32, bf16 autocast, the 4-block 64-wide ViT with early convolutions):
 
 - ``step``: one process trains the regime's model on one fixed batch; per training step
@@ -8,16 +8,22 @@ batch 32, bf16 autocast, the 4-block 64-wide ViT with early convolutions):
   (``torch.profiler``), eager, with ``--compile-layers`` (layer norms and MLPs compiled), and
   the whole model compiled (what compiling everything would reach; the study cannot, as
   it captures Q/K in attention).
+- ``steady``: P processes train the same way at once, timed only after every one has warmed
+  up (compiled): the wall time per step of all processes together, the steady-state rate of
+  the study's workers, which the ``units`` part mixes with each process's compile time.
 - ``units``: P processes at once, each training one tuning unit of the study (LwF, EWC,
   PAD, StreamKL in turn, task scenario) shortened to ``--epochs`` epochs per experience:
-  units per minute, and each unit's training and CPU seconds. When the CPU seconds equal
-  the training seconds, the processes never wait; many processes sharing a GPU wait on its
-  kernels instead. With NVIDIA's MPS daemon running (``nvidia-cuda-mps-control -d``),
-  kernels of different processes run side by side.
+  units per minute, and each unit's training and CPU seconds (a process waiting for the GPU
+  spins, so CPU seconds near the training seconds do not mean the host is the limit; compare
+  ``steady`` at one process and at P). With NVIDIA's MPS daemon running
+  (``nvidia-cuda-mps-control -d``), kernels of different processes run side by side.
+
+The table's ``step wall (ms)`` is, for ``steady`` rows, the wall time per step of all P
+processes together: a GPU that is the limit shows it near the kernel time of one step.
 
 Run from the repository root::
 
-    PYTHONPATH=. python benchmarks/efficacy_throughput.py --device cuda --processes 1 14 \\
+    PYTHONPATH=. python benchmarks/efficacy_throughput.py --device cuda --processes 1 14 --epochs 2 \\
         --json benchmarks/results/study-throughput.json
     PYTHONPATH=. python benchmarks/efficacy_throughput.py --tiny --device cpu   # smoke run
 """
@@ -41,7 +47,8 @@ from _harness.measure import gpu_kernel_times_us, sync
 from _harness.options import add_run_flags, checked_device
 from _harness.report import describe_environment, write_json
 
-PARTS = ("step", "units")
+PARTS = ("step", "steady", "units")
+WARM_STEPS = 3  # the compiled variants compile in the first step
 STEP_VARIANTS = ("eager", "compile-layers", "whole model compiled")
 # A smoke run: the short regime's data at 8 px, a 1-block 16-wide model, one epoch.
 TINY = {"dataset": "digits", "image_size": 8, "patch_size": 4, "stem": "patch", "batch_size": 16, "amp": "none",
@@ -58,11 +65,8 @@ def _model(settings: dict[str, Any], device: torch.device) -> torch.nn.Module:
                        stem=settings.get("stem", "patch")).to(device)
 
 
-def step_times(settings: dict[str, Any], variant: str, device: torch.device, steps: int) -> dict[str, float | None]:
-    """Wall and GPU kernel milliseconds per training step of one variant (see :data:`STEP_VARIANTS`).
-
-    The kernel time is None off CUDA.
-    """
+def _training_step(settings: dict[str, Any], variant: str, device: torch.device) -> Callable[[], None]:
+    """One training step (forward, cross-entropy, backward, Adam) of ``variant`` on a fixed batch."""
     from cl_streamkl.experiment.compiled_layers import compile_layers
     from cl_streamkl.experiment.template import autocast
 
@@ -82,8 +86,17 @@ def step_times(settings: dict[str, Any], variant: str, device: torch.device, ste
         optimizer.step()
         optimizer.zero_grad()
 
+    return step
+
+
+def step_times(settings: dict[str, Any], variant: str, device: torch.device, steps: int) -> dict[str, float | None]:
+    """Wall and GPU kernel milliseconds per training step of one variant (see :data:`STEP_VARIANTS`).
+
+    The kernel time is None off CUDA.
+    """
+    step = _training_step(settings, variant, device)
     start = time.perf_counter()
-    for _ in range(3):  # compiles here
+    for _ in range(WARM_STEPS):  # compiles here
         step()
     sync(device)
     first_s = time.perf_counter() - start
@@ -94,6 +107,33 @@ def step_times(settings: dict[str, Any], variant: str, device: torch.device, ste
     wall_ms = 1e3 * (time.perf_counter() - start) / steps
     kernel_ms = sum(gpu_kernel_times_us(step).values()) / 1e3 if device.type == "cuda" else None
     return {"wall_ms": wall_ms, "kernel_ms": kernel_ms, "first_steps_s": first_s}
+
+
+def _steady_steps(settings: dict[str, Any], variant: str, device: str, steps: int, ready: Any) -> tuple[float, float]:
+    """One process of :func:`concurrent_steps`: warm up (compile), wait for all, time ``steps`` steps."""
+    torch.set_num_threads(1)
+    step = _training_step(settings, variant, torch.device(device))
+    for _ in range(WARM_STEPS):
+        step()
+    sync(torch.device(device))
+    ready.wait()  # every process compiled: what follows is the steady state only
+    start = time.time()
+    for _ in range(steps):
+        step()
+    sync(torch.device(device))
+    return start, time.time()
+
+
+def concurrent_steps(settings: dict[str, Any], variant: str, processes: int, steps: int, device: str) -> dict[str, Any]:
+    """``processes`` processes training at once after all have warmed up: the steady state of the study's
+    workers without their compile time. ``wall_ms`` is the wall time per step of all processes together."""
+    context = multiprocessing.get_context("spawn")
+    with context.Manager() as manager, concurrent.futures.ProcessPoolExecutor(processes, mp_context=context) as pool:
+        ready = manager.Barrier(processes)
+        spans = list(pool.map(_steady_steps, [settings] * processes, [variant] * processes, [device] * processes,
+                              [steps] * processes, [ready] * processes))
+    wall_s = max(end for _, end in spans) - min(start for start, _ in spans)
+    return {"processes": processes, "steps": steps, "wall_ms": 1e3 * wall_s / (processes * steps)}
 
 
 def _one_unit(index: int, regime: str, settings: dict[str, Any], epochs: int, device: str,
@@ -128,7 +168,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--regime", choices=tuple(REGIMES), default="long")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
-    parser.add_argument("--steps", type=int, default=40, help="timed steps per variant (default: %(default)s)")
+    parser.add_argument("--steps", type=int, default=40,
+                        help="timed steps per variant and per process (default: %(default)s)")
     parser.add_argument("--processes", nargs="+", type=int, default=[1, 14],
                         help="units at once, one per process (default: 1 14)")
     parser.add_argument("--epochs", type=int, default=1, help="epochs per experience of each unit (default: 1)")
@@ -156,6 +197,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             times = step_times(settings, variant, args.device, args.steps)
             rows.append(["step", variant, 1, times["wall_ms"], times["kernel_ms"], None, None])
             runs.append({"part": "step", "variant": variant, **times})
+    if "steady" in args.parts:
+        for variant in args.variants:
+            for processes in args.processes:
+                result = concurrent_steps(settings, variant, processes, args.steps, args.device.type)
+                rows.append(["steady", variant, processes, result["wall_ms"], None, None, None])
+                runs.append({"part": "steady", "variant": variant, **result})
     if "units" in args.parts:
         for compiled in [variant == "compile-layers" for variant in STEP_VARIANTS[:2] if variant in args.variants]:
             for processes in args.processes:

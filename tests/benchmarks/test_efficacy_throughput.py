@@ -14,10 +14,12 @@ def test_step_and_unit_measurements_are_written(tmp_path):
     assert throughput.main(["--tiny", "--device", "cpu", "--variants", "eager", "--steps", "2", "--processes", "1",
                             "--json", str(path)]) == 0
     report = json.loads(path.read_text())
-    (step, units) = report["rows"]
+    (step, steady, units) = report["rows"]
     assert step[:3] == ["step", "eager", 1] and step[3] > 0
+    assert steady[:3] == ["steady", "eager", 1] and steady[3] > 0
     assert units[:3] == ["units", "eager", 1] and units[5] > 0 and units[6] > 0
-    run = report["runs"][1]
+    assert report["runs"][1]["steps"] == 2
+    run = report["runs"][2]
     assert run["units"][0]["strategy"] == "lwf" and run["units"][0]["train_s"] > 0
     assert report["title"].startswith("Efficacy study throughput, tiny smoke run")
 
@@ -26,3 +28,9 @@ def test_bad_counts_are_refused_in_one_line(capsys):
     with pytest.raises(SystemExit) as exit_info:
         throughput.main(["--tiny", "--device", "cpu", "--processes", "0"])
     assert exit_info.value.code == 2 and "--processes must be >= 1" in capsys.readouterr().err
+
+
+def test_steady_steps_time_every_process_after_all_warmed_up():
+    settings = {**throughput.REGIMES["short"], **throughput.TINY}
+    result = throughput.concurrent_steps(settings, "eager", 2, 3, "cpu")
+    assert result["processes"] == 2 and result["steps"] == 3 and result["wall_ms"] > 0
