@@ -13,7 +13,6 @@ import concurrent.futures
 import dataclasses
 import json
 import os
-import re
 import shutil
 import sys
 import time
@@ -31,8 +30,6 @@ from cl_streamkl.experiment.config import ExperimentConfig
 # experience when the next would not, so a time-limited start leaves no unit half done
 # unless an estimate was wrong.
 _seconds_per_weight = 0.0
-# The runner's line after each experience: "... exp 2/3 ...".
-_EXPERIENCE_DONE = re.compile(r"\bexp (\d+)/(\d+)\b")
 _splits_cache: dict[str, Any] = {}
 
 
@@ -97,24 +94,21 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
     splits = load_data(unit, plan, config)
     start = last = time.perf_counter()
 
-    def after_experience(line: str) -> None:
+    def after_experience(trained: int, count: int) -> None:
         global _seconds_per_weight
         nonlocal last
         now = time.perf_counter()
-        done = _EXPERIENCE_DONE.search(line)
-        if done:
-            index = int(done.group(1)) - 1
-            following = weights[index + 1] if index + 1 < len(weights) else 0.0
-        else:  # a line of another form: assume the heaviest experience just ended and comes again
-            index = max(range(len(weights)), key=weights.__getitem__)
-            following = weights[index]
-        _seconds_per_weight, last = max(_seconds_per_weight, (now - last) / weights[index]), now
+        if count == len(weights):
+            done, following = weights[trained - 1], weights[trained] if trained < count else 0.0
+        else:  # a joint run trains every experience in one step
+            done, following = sum(weights), 0.0
+        _seconds_per_weight, last = max(_seconds_per_weight, (now - last) / done), now
         if deadline is not None and following and time.time() + _seconds_per_weight * following > deadline:
             raise _OutOfTime
 
     try:
-        result = run_experiment(config, out, resume=out.exists(), show_progress=False, log=after_experience,
-                                splits=splits)[0]
+        result = run_experiment(config, out, resume=out.exists(), show_progress=False, splits=splits,
+                                after_experience=after_experience)[0]
     except _OutOfTime:
         return None
     payload = {"unit": dataclasses.asdict(unit), **result.to_dict(), "process_s": time.perf_counter() - start,

@@ -48,6 +48,8 @@ from cl_streamkl.experiment.template import AmpSupervisedTemplate
 __all__ = ["RunResult", "checkpoint_path", "chance_accuracy", "resolve_device", "run_experiment"]
 
 Log = Callable[[str], None]
+AfterExperience = Callable[[int, int], None]
+"""Called after each trained experience's checkpoint with (experiences trained so far, of how many)."""
 # An experience counts as learned once its accuracy right after training reaches this
 # multiple of chance; below it the table's forgetting and transfer mean little.
 LEARNED_OVER_CHANCE = 1.5
@@ -231,7 +233,7 @@ class _Run:
                      f"here (train longer with --epochs, or change --lr)")
 
     def train(self, result: RunResult, first_step: int, ckpt: Path, eval_sets: list, log: Log | None,
-              warn: Log | None) -> RunResult:
+              warn: Log | None, after_experience: AfterExperience | None = None) -> RunResult:
         n = self.stream.n_experiences
         steps = len(self.train_experiences)
         scenario = self.stream.scenario
@@ -265,6 +267,8 @@ class _Run:
                 label = f"all {n} exps" if self.joint else f"exp {step + 1}/{n}"
                 log(f"{self.strategy:>16} seed {self.seed}  {label}  avg acc {seen:.3f}  ({result.wall_time_s:.1f} s)")
             self._warn_unlearned(row, trained, warn)
+            if after_experience is not None:
+                after_experience(step + 1, steps)
         return result
 
 
@@ -296,6 +300,7 @@ def run_experiment(
     splits: LabeledSplits | None = None,
     loggers: Sequence[str] = (),
     data_parallel: DataParallel | None = None,
+    after_experience: AfterExperience | None = None,
 ) -> list[RunResult]:
     """Train every strategy on every seed of a continual stream (``config.scenario``).
 
@@ -326,6 +331,9 @@ def run_experiment(
         data_parallel: this process's place in a data-parallel run (from
             :func:`~cl_streamkl.distributed.data_parallel.start_data_parallel`); default:
             a single process on ``config.device``.
+        after_experience: called after each trained experience's checkpoint is written, with
+            (experiences of this run trained so far, experiences it trains); an exception it
+            raises ends the run there, resumable from that checkpoint.
 
     Returns:
         One :class:`RunResult` per (seed, strategy), seeds outermost.
@@ -358,7 +366,7 @@ def run_experiment(
                 first = 0
                 if (strategy, seed) in finished:
                     result, first = run.restore(load_checkpoint(ckpt, run.identity))
-                results.append(run.train(result, first, ckpt, eval_sets, log, warn))
+                results.append(run.train(result, first, ckpt, eval_sets, log, warn, after_experience))
             finally:
                 close_loggers(run_loggers)
     return results

@@ -150,11 +150,11 @@ def test_the_deadline_judges_each_experience_by_its_weight(tmp_path, monkeypatch
     fake_time = types.SimpleNamespace(time=lambda: clock["now"], perf_counter=lambda: clock["now"])
     trained = []
 
-    def run_experiment(config, out, log, **_):
+    def run_experiment(config, out, after_experience, **_):
         for index, seconds in enumerate((30.0, 10.0, 10.0)):
             clock["now"] += seconds
             trained.append(seconds)
-            log(f"             lwf seed 100  exp {index + 1}/3  avg acc 0.500  ({clock['now']:.1f} s)")
+            after_experience(index + 1, 3)
         raise AssertionError("the deadline should have stopped the unit")
 
     monkeypatch.setattr(efficacy_units, "time", fake_time)

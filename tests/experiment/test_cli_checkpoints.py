@@ -108,3 +108,32 @@ def test_config_file_starts_a_run_and_flags_override_it(tmp_path, capsys):
     # The file's own --out is not reused, and --config does not combine with --resume.
     assert cli.main(["run", "--resume", str(out), "--config", str(config_file)]) == 2
     assert "drop --config" in capsys.readouterr().err
+
+
+def test_after_experience_follows_each_checkpoint_and_can_stop_the_run(tmp_path):
+    from cl_streamkl.experiment.config import ExperimentConfig
+
+    config = ExperimentConfig.from_dict({
+        "model_kwargs": {"depth": 1, "embed_dim": 16, "num_heads": 2}, "image_size": 8, "patch_size": 4,
+        "epochs": 1, "batch_size": 64, "strategies": ["naive"], "experiences": 5, "seeds": [0], "device": "cpu",
+        "out": str(tmp_path / "whole")}).resolved()
+    calls = []
+    [whole] = runner.run_experiment(config, tmp_path / "whole", show_progress=False,
+                                    after_experience=lambda trained, count: calls.append((trained, count)))
+    assert calls == [(1, 5), (2, 5), (3, 5), (4, 5), (5, 5)]
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_two(trained, count):
+        calls.append((trained, count))
+        if trained == 2:
+            raise Stop
+
+    calls.clear()
+    with pytest.raises(Stop):
+        runner.run_experiment(config, tmp_path / "cut", show_progress=False, after_experience=stop_after_two)
+    [resumed] = runner.run_experiment(config, tmp_path / "cut", resume=True, show_progress=False,
+                                      after_experience=stop_after_two)
+    assert calls == [(1, 5), (2, 5), (3, 5), (4, 5), (5, 5)]  # the resumed run trains from the third on
+    assert resumed.accuracy_matrix == whole.accuracy_matrix
