@@ -163,9 +163,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--from-report", type=Path, metavar="REPORT",
                         help="first restore the finished units recorded in this report (of the same plan) "
                         "into --out: a committed report resumes the study on a new machine")
-    parser.add_argument("--compile-layers", action="store_true",
-                        help="run every layer norm and MLP through torch.compile (fewer GPU kernels; rounding "
-                        "differs, the plan does not; recorded with each unit)")
+    compiling = parser.add_mutually_exclusive_group()
+    compiling.add_argument("--compile-layers", action="store_true",
+                           help="run every layer norm and MLP through torch.compile (fewer GPU kernels; rounding "
+                           "differs, the plan does not; recorded with each unit)")
+    compiling.add_argument("--compile-model", action="store_true",
+                           help="run the whole ViT through torch.compile, Q/K captured from it (the fewest GPU "
+                           "kernels; rounding differs, the plan does not; recorded with each unit)")
     add_json_flag(parser, "write the report as JSON")
     parser.add_argument("--commit", help="commit to record when the tree has no .git (default: git rev-parse)")
     return parser.parse_args(argv)
@@ -237,8 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     environment = describe_environment(torch.device(args.device), args.commit)
     args.execution = {"commit": environment.get("commit"), "device": environment.get("device"),
-                      "compile_layers": args.compile_layers}
-    if args.compile_layers:
+                      "compile_layers": args.compile_layers, "compile_model": args.compile_model}
+    if args.compile_layers or args.compile_model:
         # Many workers compile at once: one compile process each, not one per core each.
         os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     if args.json:

@@ -5,9 +5,9 @@ batch 32, bf16 autocast, the 4-block 64-wide ViT with early convolutions):
 
 - ``step``: one process trains the regime's model on one fixed batch; per training step
   (forward, cross-entropy, backward, Adam) the wall time and the summed GPU kernel time
-  (``torch.profiler``), eager, with ``--compile-layers`` (layer norms and MLPs compiled), and
-  the whole model compiled (what compiling everything would reach; the study cannot, as
-  it captures Q/K in attention).
+  (``torch.profiler``), eager, with ``--compile-layers`` (layer norms and MLPs compiled), with
+  ``--compile-model`` (the whole ViT compiled, Q/K recorded for capture) and the whole model
+  through a plain ``torch.compile`` (what compiling everything reaches without Q/K capture).
 - ``steady``: P processes train the same way at once, timed only after every one has warmed
   up (compiled): the wall time per step of all processes together, the steady-state rate of
   the study's workers, which the ``units`` part mixes with each process's compile time.
@@ -49,7 +49,9 @@ from _harness.report import describe_environment, write_json
 
 PARTS = ("step", "steady", "units")
 WARM_STEPS = 3  # the compiled variants compile in the first step
-STEP_VARIANTS = ("eager", "compile-layers", "whole model compiled")
+STEP_VARIANTS = ("eager", "compile-layers", "compile-model", "whole model compiled")
+# The variants a study unit can run as (efficacy.py's flags), and what each sets.
+UNIT_VARIANTS = {"eager": {}, "compile-layers": {"compile_layers": True}, "compile-model": {"compile_model": True}}
 # A smoke run: the short regime's data at 8 px, a 1-block 16-wide model, one epoch.
 TINY = {"dataset": "digits", "image_size": 8, "patch_size": 4, "stem": "patch", "batch_size": 16, "amp": "none",
         "model_kwargs": {"depth": 1, "embed_dim": 16, "num_heads": 2}}
@@ -67,12 +69,15 @@ def _model(settings: dict[str, Any], device: torch.device) -> torch.nn.Module:
 
 def _training_step(settings: dict[str, Any], variant: str, device: torch.device) -> Callable[[], None]:
     """One training step (forward, cross-entropy, backward, Adam) of ``variant`` on a fixed batch."""
+    from cl_streamkl.capture import compile_model
     from cl_streamkl.experiment.compiled_layers import compile_layers
     from cl_streamkl.experiment.template import autocast
 
     model = _model(settings, device)
     if variant == "compile-layers":
         compile_layers(model)
+    elif variant == "compile-model":
+        compile_model(model)
     forward: Callable[[torch.Tensor], torch.Tensor] = torch.compile(model) if variant.startswith("whole") else model
     optimizer = torch.optim.Adam(model.parameters(), 1e-3)
     size = settings["image_size"]
@@ -137,7 +142,7 @@ def concurrent_steps(settings: dict[str, Any], variant: str, processes: int, ste
 
 
 def _one_unit(index: int, regime: str, settings: dict[str, Any], epochs: int, device: str,
-              compiled: bool) -> dict[str, Any]:
+              variant: str) -> dict[str, Any]:
     torch.set_num_threads(1)
     REGIMES[regime] = settings  # this process's copy of the plan's regimes: the parent's settings
     plan = make_plan(regime, [100, 101], [200, 201], epochs=epochs)
@@ -145,21 +150,20 @@ def _one_unit(index: int, regime: str, settings: dict[str, Any], epochs: int, de
     unit = units[(8 * index) % len(units)]  # LwF, EWC, PAD, StreamKL in turn
     load_data(unit, plan)
     start, cpu = time.perf_counter(), time.process_time()
-    record = run_unit(unit, plan, device, tempfile.mkdtemp(), None,
-                               execution={"compile_layers": compiled})
+    record = run_unit(unit, plan, device, tempfile.mkdtemp(), None, execution=UNIT_VARIANTS[variant])
     return {"strategy": unit.strategy, "train_s": record["wall_time_s"], "unit_s": time.perf_counter() - start,
             "cpu_s": time.process_time() - cpu}
 
 
 def units_per_minute(regime: str, settings: dict[str, Any], processes: int, epochs: int, device: str,
-                     compiled: bool) -> dict[str, Any]:
+                     variant: str) -> dict[str, Any]:
     """``processes`` units at once, one per process; units per minute over the slowest unit's time."""
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(processes, mp_context=context) as pool:
         results = list(pool.map(_one_unit, range(processes), [regime] * processes, [settings] * processes,
-                                [epochs] * processes, [device] * processes, [compiled] * processes))
+                                [epochs] * processes, [device] * processes, [variant] * processes))
     slowest = max(result["unit_s"] for result in results)
-    return {"processes": processes, "compile_layers": compiled, "units_per_min": 60 * processes / slowest,
+    return {"processes": processes, "units_per_min": 60 * processes / slowest,
             "train_s": sum(r["train_s"] for r in results) / processes,
             "cpu_s": sum(r["cpu_s"] for r in results) / processes, "units": results}
 
@@ -174,7 +178,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="units at once, one per process (default: 1 14)")
     parser.add_argument("--epochs", type=int, default=1, help="epochs per experience of each unit (default: 1)")
     parser.add_argument("--variants", nargs="+", choices=STEP_VARIANTS, default=list(STEP_VARIANTS),
-                        help="what to measure (units: the first two only; default: all)")
+                        help="what to measure (units: all but the plain whole-model compile; default: all)")
     parser.add_argument("--tiny", action="store_true", help="a smoke run: 8-px digits, a 1-block 16-wide model")
     add_run_flags(parser)
     args = parser.parse_args(argv)
@@ -204,10 +208,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 rows.append(["steady", variant, processes, result["wall_ms"], None, None, None])
                 runs.append({"part": "steady", "variant": variant, **result})
     if "units" in args.parts:
-        for compiled in [variant == "compile-layers" for variant in STEP_VARIANTS[:2] if variant in args.variants]:
+        for variant in [variant for variant in args.variants if variant in UNIT_VARIANTS]:
             for processes in args.processes:
-                result = units_per_minute(args.regime, settings, processes, args.epochs, args.device.type, compiled)
-                variant = "compile-layers" if compiled else "eager"
+                result = units_per_minute(args.regime, settings, processes, args.epochs, args.device.type, variant)
                 rows.append(["units", variant, processes, None, None, result["units_per_min"], result["cpu_s"]
                              / result["train_s"]])
                 runs.append({"part": "units", "variant": variant, **result})

@@ -90,3 +90,17 @@ class LaunchCounter:
 def launch_counter(monkeypatch: pytest.MonkeyPatch) -> LaunchCounter:
     """Launch counts per kernel launcher for the rest of the test."""
     return LaunchCounter(monkeypatch)
+
+
+@pytest.fixture
+def traced_not_generated(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The library's compiled pieces (``compile_layers``, ``compile_model``) traced by Dynamo and
+    AOT autograd as on a GPU, with no C++ generated (CI may have no compiler)."""
+    import functools
+
+    from cl_streamkl.capture import compiled_model
+    from cl_streamkl.experiment import compiled_layers
+
+    traced = functools.cache(lambda fn: torch.compile(fn, backend="aot_eager"))
+    for module in (compiled_model, compiled_layers):
+        monkeypatch.setattr(module, "_compiled", traced)

@@ -75,7 +75,8 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
     ``seconds_per_weight``: an experience's expected seconds per unit of its weight, at least
     (:func:`seconds_per_weight_of`).
     ``execution``: how this start runs units, recorded with each (``commit``, ``device``, and
-    ``compile_layers``: configuration that changes rounding only, so not part of the plan).
+    ``compile_layers``, ``compile_model``: configuration that changes rounding only, so not part
+    of the plan).
     """
     global _seconds_per_weight
     from cl_streamkl.experiment.runner import run_experiment
@@ -90,7 +91,8 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
         return None
     out = Path(root) / "runs" / unit.name
     config = ExperimentConfig.from_dict({**unit.config_fields(plan), "device": device, "out": str(out),
-                                         "compile_layers": bool(execution.get("compile_layers"))}).resolved()
+                                         "compile_layers": bool(execution.get("compile_layers")),
+                                         "compile_model": bool(execution.get("compile_model"))}).resolved()
     splits = load_data(unit, plan, config)
     start = last = time.perf_counter()
 

@@ -13,6 +13,10 @@ One job per module:
   turns that off for a ``with`` block.
 * :mod:`~cl_streamkl.capture.compiled`: :class:`CompiledQK`, a frozen teacher's Q/K from
   one ``torch.compile``'d forward.
+* :mod:`~cl_streamkl.capture.compiled_model`: :func:`compile_model`, a whole ViT compiled
+  for training, its Q/K still captured.
+* :mod:`~cl_streamkl.capture.recording`: what those two share (the recording mode traced
+  into the graph, the check against eager).
 
 Needs timm (``pip install "cl-streamkl[capture]"``): its attention classes are the ones read.
 """
@@ -22,6 +26,7 @@ from cl_streamkl._extras import require_extra
 require_extra(__name__, "capture", {"timm": "timm"})
 
 from cl_streamkl.capture.compiled import CompiledQK, TeacherQK  # noqa: E402 (after the check)
+from cl_streamkl.capture.compiled_model import compile_model  # noqa: E402
 from cl_streamkl.capture.context import QKCapture  # noqa: E402
 from cl_streamkl.capture.extractors import (  # noqa: E402
     QKExtractor,
@@ -41,6 +46,7 @@ __all__ = [
     "RecordQK",
     "TeacherQK",
     "attention_product_extractor",
+    "compile_model",
     "find_attention_modules",
     "graph_reads_disabled",
     "qk_extractor_for",

@@ -31,21 +31,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from cl_streamkl.capture.context import QKCapture
 from cl_streamkl.capture.layers import LayerSpec, find_attention_modules, resolve_layer_indices
+from cl_streamkl.capture.recording import MATCH_RTOL, Record, SdpaRecorder, relative_error
 
 __all__ = ["CompiledQK", "TeacherQK", "check_compile_options"]
-
-# A wrong tensor (another block's, q for k, no rotary/qk-norm) is O(1) away in relative
-# terms; compiled and eager low-precision arithmetic differ by rounding, far below this.
-MATCH_RTOL = 0.1
-
-_SDPA_ARGUMENT_NAMES = ("query", "key")
-
 
 @dataclass(frozen=True)
 class TeacherQK:
@@ -88,25 +80,6 @@ def check_compile_options(compile_teacher: object) -> dict[str, Any] | None:
     return dict(compile_teacher)
 
 
-class _AttentionRecorder(TorchFunctionMode):
-    """Appends ``(query, key)`` of every ``F.scaled_dot_product_attention`` call to a list.
-
-    Kept minimal on purpose: Dynamo inlines ``__torch_function__`` for every torch call
-    of the forward, so anything here becomes part of the traced program.
-    """
-
-    def __init__(self, records: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        super().__init__()
-        self.records = records
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention:
-            positional = dict(zip(_SDPA_ARGUMENT_NAMES, args))
-            self.records.append((kwargs.get("query", positional.get("query")), kwargs.get("key", positional.get("key"))))
-        return func(*args, **kwargs)
-
-
 def _recorded_qk(
     model: nn.Module, x: torch.Tensor, block_indices: tuple[int, ...]
 ) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
@@ -116,23 +89,17 @@ def _recorded_qk(
     graph inputs, so every teacher of one architecture reuses one compiled graph instead
     of spending the per-function recompile limit on each new snapshot.
     """
-    records: list[tuple[torch.Tensor, torch.Tensor]] = []
-    with _AttentionRecorder(records):
+    records: list[Record] = []
+    with SdpaRecorder(records):
         model(x)
     # Only the selected Q/K leave the graph, so the compiler prunes the rest.
-    return [records[i] for i in block_indices if i < len(records)], len(records)
+    return [records[i][:2] for i in block_indices if i < len(records)], len(records)
 
 
 def _input_signature(x: torch.Tensor) -> tuple:
     autocast = torch.is_autocast_enabled(x.device.type)
     autocast_dtype = torch.get_autocast_dtype(x.device.type) if autocast else None
     return (tuple(x.shape), x.dtype, x.device, autocast, autocast_dtype)
-
-
-def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    difference = torch.linalg.vector_norm((actual - expected).double())
-    size = torch.linalg.vector_norm(expected.double())
-    return float(difference / size) if size > 0 else float(difference)
 
 
 class CompiledQK:
@@ -216,7 +183,7 @@ class CompiledQK:
                     f"capture q {tuple(q_eager.shape)}, k {tuple(k_eager.shape)}; the model's attention calls do "
                     "not run in block order. Use the eager teacher (compile_teacher=False)."
                 )
-            errors.append((block, max(_relative_error(q, q_eager), _relative_error(k, k_eager))))
+            errors.append((block, max(relative_error(q, q_eager), relative_error(k, k_eager))))
         worst_block, worst = max(errors, key=lambda item: item[1])
         if not worst <= MATCH_RTOL:
             raise RuntimeError(

@@ -44,7 +44,9 @@ class QKCapture:
         stop_early: end the model's forward as soon as every selected block's attention
             has run, skipping the rest (later blocks, the MLP of the last one, the head),
             and leave the ``with`` block at once: for a teacher whose output is not
-            needed. Statements after the forward inside the ``with`` do not run.
+            needed. Statements after the forward inside the ``with`` do not run. A model
+            compiled by :func:`~cl_streamkl.capture.compiled_model.compile_model` runs
+            its whole forward (its Q/K arrive at the end).
 
     Attributes:
         block_indices: resolved absolute block indices, ascending.
@@ -86,9 +88,12 @@ class QKCapture:
                     raise TypeError(f"no Q/K extractor is registered for {qualified_type_name(module)} any more")
                 self._handles.extend(extractor(module, self._recorder(slot)))
             if self.stop_early:
-                # Registered after the extractors' hooks, so it runs once they have recorded.
+                # Registered after the extractors' hooks, so it runs once they have recorded. Not on
+                # the attention of a compiled model (capture.compiled_model): a hook inside it would
+                # make Dynamo recompile, and its Q/K arrive only after the whole forward anyway.
                 self._handles.extend(
                     module.register_forward_hook(self._stop_if_complete) for module in self.attention_modules
+                    if not getattr(module, "replays_compiled_forward", False)
                 )
         except BaseException:
             self.remove_hooks()

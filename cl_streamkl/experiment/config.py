@@ -53,7 +53,7 @@ LR_SCHEDULES = ("constant", "cosine")
 # Fields that do not change what one (strategy, seed) run computes: where files live, which
 # other runs the experiment holds, and compiled layers (the same arithmetic, rounded in
 # another order). A checkpoint's fingerprint leaves them out.
-FINGERPRINT_EXCLUDED = ("out", "data_root", "download", "strategies", "seeds", "compile_layers")
+FINGERPRINT_EXCLUDED = ("out", "data_root", "download", "strategies", "seeds", "compile_layers", "compile_model")
 # Keys configuration files of earlier versions used: old key → field.
 RENAMED_KEYS = {"n_experiences": "experiences"}
 
@@ -192,6 +192,9 @@ class ExperimentConfig:
     compile_layers: bool = setting(False, "model", "run every layer norm and MLP through torch.compile: the same "
                                    "arithmetic in fewer GPU kernels, for narrow models on long sequences; attention "
                                    "stays eager for the Q/K capture")
+    compile_model: bool = setting(False, "model", "run the whole vision transformer through torch.compile, its Q/K "
+                                  "still captured from the compiled forward (timm ViTs with fused attention, no "
+                                  "dropout): the same arithmetic in the fewest GPU kernels; heads stay eager")
     pretrained_file: str | None = setting(None, "model", "local weights file to start from (nothing is "
                                           "downloaded); the model is built as the file's weights say", metavar="PATH")
 
@@ -266,6 +269,8 @@ class ExperimentConfig:
             cfg.image_size = cfg.canvas if clutter is not None else DEFAULT_IMAGE_SIZE[cfg.dataset]
         if cfg.warmup_epochs and cfg.warmup_epochs >= cfg.epochs:
             raise ValueError(f"warmup_epochs must be fewer than epochs ({cfg.epochs}); got {cfg.warmup_epochs}")
+        if cfg.compile_model and cfg.compile_layers:
+            raise ValueError("compile_model compiles the layer norms and MLPs too; drop compile_layers")
         if cfg.model_kwargs is None:
             use_default = cfg.model == DEFAULT_MODEL and cfg.pretrained_file is None
             cfg.model_kwargs = dict(DEFAULT_MODEL_KWARGS) if use_default else {}

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from cl_streamkl.capture.compiled_model import compile_model
 from cl_streamkl.distributed.data_parallel import DataParallel, resolve_device
 from cl_streamkl.experiment.compiled_layers import compile_layers
 from cl_streamkl.experiment.config import ExperimentConfig, strategy_components
@@ -42,6 +43,8 @@ def build_run_model(config: ExperimentConfig, stream: ExperienceStream, device: 
     ).to(device)
     if config.compile_layers:
         compile_layers(model)
+    if config.compile_model:
+        compile_model(model)
     return model
 
 

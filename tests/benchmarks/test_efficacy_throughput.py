@@ -34,3 +34,12 @@ def test_steady_steps_time_every_process_after_all_warmed_up():
     settings = {**throughput.REGIMES["short"], **throughput.TINY}
     result = throughput.concurrent_steps(settings, "eager", 2, 3, "cpu")
     assert result["processes"] == 2 and result["steps"] == 3 and result["wall_ms"] > 0
+
+
+@pytest.mark.usefixtures("traced_not_generated")
+def test_the_compiled_model_variant_times_a_step(tmp_path):
+    path = tmp_path / "throughput.json"
+    assert throughput.main(["--tiny", "--device", "cpu", "--parts", "step", "--variants", "compile-model",
+                            "--steps", "2", "--json", str(path)]) == 0
+    [step] = json.loads(path.read_text())["rows"]
+    assert step[:3] == ["step", "compile-model", 1] and step[3] > 0

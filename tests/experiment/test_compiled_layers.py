@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import functools
 import json
 import shutil
 
@@ -19,11 +18,7 @@ from cl_streamkl.experiment.compiled_layers import CompiledLayerNorm, CompiledMl
 _INDUCTOR = compiled_layers._compiled
 
 
-@pytest.fixture(autouse=True)
-def _traced_not_generated(monkeypatch):
-    """Dynamo and AOT autograd trace as on a GPU; no C++ is generated (CI may have no compiler)."""
-    traced = functools.cache(lambda fn: torch.compile(fn, backend="aot_eager"))
-    monkeypatch.setattr(compiled_layers, "_compiled", traced)
+pytestmark = pytest.mark.usefixtures("traced_not_generated")
 
 
 def _vit(depth: int = 2, drop_rate: float = 0.0) -> nn.Module:

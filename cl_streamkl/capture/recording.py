@@ -1,0 +1,54 @@
+"""What the compiled captures share: recording the attention calls of a traced forward, and the check.
+
+:class:`SdpaRecorder` is entered inside a function that ``torch.compile`` traces; Dynamo
+inlines its ``__torch_function__`` into the graph, so the recorded tensors become graph
+outputs (:mod:`cl_streamkl.capture.compiled`, :mod:`cl_streamkl.capture.compiled_model`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+__all__ = ["MATCH_RTOL", "Record", "SdpaRecorder", "relative_error"]
+
+# A wrong tensor (another block's, q for k, no rotary/qk-norm) is O(1) away in relative
+# terms; compiled and eager low-precision arithmetic differ by rounding, far below this.
+MATCH_RTOL = 0.1
+
+_SDPA_ARGUMENT_NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
+
+Record = tuple[torch.Tensor, torch.Tensor, float, bool]
+"""``(query, key, scale, plain)`` of one call; ``plain``: no mask and not causal, so the
+scores are just ``scale · q kᵀ``."""
+
+
+class SdpaRecorder(TorchFunctionMode):
+    """Appends a :data:`Record` of every ``F.scaled_dot_product_attention`` call to a list.
+
+    Kept minimal on purpose: Dynamo inlines ``__torch_function__`` for every torch call of
+    the forward, so anything here becomes part of the traced program.
+    """
+
+    def __init__(self, records: list[Record]) -> None:
+        super().__init__()
+        self.records = records
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            bound = {**dict(zip(_SDPA_ARGUMENT_NAMES, args)), **kwargs}
+            q, k, scale = bound["query"], bound["key"], bound.get("scale")
+            plain = bound.get("attn_mask") is None and not bound.get("is_causal", False)
+            self.records.append((q, k, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale, plain))
+        return func(*args, **kwargs)
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """‖actual − expected‖ / ‖expected‖ in float64 (the plain difference when expected is 0)."""
+    difference = torch.linalg.vector_norm((actual - expected).double())
+    size = torch.linalg.vector_norm(expected.double())
+    return float(difference / size) if size > 0 else float(difference)

@@ -1,0 +1,155 @@
+"""A whole ViT compiled for training: values, gradients and captured Q/K of the eager model, deep copies, errors."""
+
+from __future__ import annotations
+
+import copy
+import shutil
+
+import pytest
+import timm
+import torch
+from torch import nn
+from torch._dynamo.utils import counters
+
+from cl_streamkl.capture import QKCapture, compile_model
+from cl_streamkl.capture import compiled_model as compiled_model_module
+from cl_streamkl.experiment.task_heads import MultiHeadViT
+
+_INDUCTOR = compiled_model_module._compiled
+
+
+@pytest.fixture(autouse=True)
+def _fresh_traces(traced_not_generated):
+    torch._dynamo.reset()
+    counters.clear()
+
+
+def _vit(depth: int = 3, num_classes: int = 5, **kwargs) -> nn.Module:
+    torch.manual_seed(0)
+    return timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=12, patch_size=4, in_chans=1,
+                             num_classes=num_classes, depth=depth, embed_dim=16, num_heads=2, **kwargs).double()
+
+
+def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+def _kl(q, k, q_teacher, k_teacher, scale: float, teacher_scale: float) -> torch.Tensor:
+    """Mean KL(softmax(teacher scores) ‖ softmax(student scores)) per query row, in the inputs' float64."""
+    log_p = torch.log_softmax(q @ k.transpose(-1, -2) * scale, dim=-1)
+    log_p_teacher = torch.log_softmax(q_teacher @ k_teacher.transpose(-1, -2) * teacher_scale, dim=-1)
+    return (log_p_teacher.exp() * (log_p_teacher - log_p)).sum(-1).mean()
+
+
+def _loss_and_qk(model: nn.Module, teacher: nn.Module, x: torch.Tensor, layers) -> tuple[torch.Tensor, list]:
+    """Cross-entropy-like output term plus the StreamKL penalty against ``teacher``, as a plugin computes it."""
+    with torch.no_grad(), QKCapture(teacher, layers, stop_early=True) as teacher_capture:
+        teacher(x)
+    with QKCapture(model, layers) as capture:
+        out = model(x)
+    kl = sum(_kl(q, k, q_t, k_t, scale, teacher_scale)
+             for (q, k), (q_t, k_t), scale, teacher_scale
+             in zip(capture.qk, teacher_capture.qk, capture.scales, teacher_capture.scales, strict=True))
+    return out.square().mean() + kl, capture.qk
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.skipif(
+    shutil.which("cc") is None, reason="inductor's CPU code needs a C compiler"))])
+@pytest.mark.parametrize("layers", ["all", [0, 2]])
+def test_values_gradients_and_captured_qk_equal_the_eager_model(backend, layers, monkeypatch):
+    if backend == "inductor":
+        monkeypatch.setattr(compiled_model_module, "_compiled", _INDUCTOR)
+    eager = _vit()
+    teacher = copy.deepcopy(eager)
+    with torch.no_grad():
+        for p in teacher.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    compiled = copy.deepcopy(eager)
+    assert compile_model(compiled) == 1
+    assert compiled.state_dict().keys() == eager.state_dict().keys()
+    x = torch.randn(3, 1, 12, 12, dtype=torch.float64)
+    loss_eager, qk_eager = _loss_and_qk(eager, teacher, x, layers)
+    loss_compiled, qk_compiled = _loss_and_qk(compiled, teacher, x, layers)
+    assert len(qk_compiled) == len(qk_eager) == (3 if layers == "all" else 2)
+    for (q, k), (q_eager, k_eager) in zip(qk_compiled, qk_eager):
+        assert q.requires_grad and _relative(q, q_eager) < 1e-12 and _relative(k, k_eager) < 1e-12
+    assert _relative(loss_compiled, loss_eager) < 1e-12
+    loss_eager.backward()
+    loss_compiled.backward()
+    for (name, p_eager), p_compiled in zip(eager.named_parameters(), compiled.parameters()):
+        assert p_compiled.grad is not None, name
+        assert _relative(p_compiled.grad, p_eager.grad) < 1e-10, name
+    assert compiled_model_module.compiled_model_checks() < 1e-12
+
+
+def test_deep_copies_compute_with_their_own_weights_without_recompiling():
+    student = _vit()
+    compile_model(student)
+    x = torch.randn(2, 1, 12, 12, dtype=torch.float64)
+    student(x)
+    graphs = counters["stats"]["unique_graphs"]
+    snapshot = copy.deepcopy(student)
+    with torch.no_grad():
+        for p in snapshot.parameters():
+            p.mul_(0.5)
+    reference = copy.deepcopy(snapshot)
+    reference.__class__ = compiled_model_module._ORIGINAL_CLASS[type(reference)]
+    torch.testing.assert_close(snapshot(x), reference(x), rtol=1e-12, atol=0)
+    assert not torch.allclose(snapshot(x), student(x))
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_a_teacher_capture_neither_stops_early_nor_recompiles_per_call():
+    teacher = _vit()
+    compile_model(teacher)
+    x = torch.randn(2, 1, 12, 12, dtype=torch.float64)
+    for _ in range(2):
+        with torch.no_grad(), QKCapture(teacher, [1], stop_early=True) as capture:
+            teacher(x)
+        assert capture.qk[0][0].shape == (2, 2, 10, 8)
+    graphs = counters["stats"]["unique_graphs"]
+    for _ in range(3):
+        with torch.no_grad(), QKCapture(teacher, "all", stop_early=True) as capture:
+            teacher(x)
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_the_backbone_of_a_multi_head_model_is_compiled_and_captured():
+    torch.manual_seed(0)
+    backbone = _vit(num_classes=0)
+    model = MultiHeadViT(backbone, [2, 2]).double()
+    reference = copy.deepcopy(model)
+    assert compile_model(model) == 1
+    x = torch.randn(4, 1, 12, 12, dtype=torch.float64)
+    with QKCapture(model, "all") as capture:
+        out = model(x, 1)
+    with QKCapture(reference, "all") as expected:
+        out_reference = reference(x, 1)
+    torch.testing.assert_close(out, out_reference, rtol=1e-12, atol=0)
+    torch.testing.assert_close(capture.qk[2][1], expected.qk[2][1], rtol=1e-12, atol=0)
+    assert compile_model(model) == 0  # already compiled
+
+
+def test_models_it_cannot_compile_are_refused_by_name():
+    with pytest.raises(ValueError, match="compile_model: Sequential holds no timm VisionTransformer"):
+        compile_model(nn.Sequential(nn.Linear(2, 2)))
+    with pytest.raises(ValueError, match="has dropout"):
+        compile_model(_vit(proj_drop_rate=0.1))
+    manual = _vit()
+    for block in manual.blocks:
+        block.attn.fused_attn = False
+    with pytest.raises(ValueError, match="must be timm's Attention with fused attention"):
+        compile_model(manual)
+
+
+def test_a_compiled_forward_that_differs_from_eager_is_refused(monkeypatch):
+    model = _vit()
+    compile_model(model)
+
+    def wrong(module, *args, **kwargs):
+        output, records = compiled_model_module._recording_forward(module, *args, **kwargs)
+        return output, [(q * 2, k, scale, plain) for q, k, scale, plain in records]
+
+    monkeypatch.setattr(compiled_model_module, "_compiled", lambda fn: wrong)
+    with pytest.raises(RuntimeError, match="differ from its eager forward's"):
+        model(torch.randn(2, 1, 12, 12, dtype=torch.float64))

@@ -1,0 +1,37 @@
+"""``--compile-model``: a run distils through the compiled model; it is refused with --compile-layers or dropout."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from cli_helpers import one_line_error, run_cli
+
+pytestmark = pytest.mark.usefixtures("traced_not_generated")
+
+
+def test_a_run_distils_through_the_compiled_model_as_the_eager_one_does(tmp_path):
+    options = ["--strategies", "lwf+streamkl", "pad", "--scenario", "task", "--experiences", "2"]
+    status, eager = run_cli(tmp_path, "eager", *options)
+    assert status == 0
+    status, compiled = run_cli(tmp_path, "compiled", "--compile-model", *options)
+    assert status == 0
+    results = json.loads((compiled / "results.json").read_text())
+    assert results["config"]["compile_model"] is True
+    expected = json.loads((eager / "results.json").read_text())["runs"]
+    for run, reference in zip(results["runs"], expected, strict=True):
+        assert len(run["accuracy_matrix"]) == 2 and run["mean_penalty"] > 0
+        # float32 on the CPU: the traced graph rounds like the eager model up to reordering.
+        for row, reference_row in zip(run["accuracy_matrix"], reference["accuracy_matrix"], strict=True):
+            assert row == pytest.approx(reference_row, abs=0.02)
+        assert run["mean_penalty"] == pytest.approx(reference["mean_penalty"], rel=1e-3)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--compile-layers"], "compile_model compiles the layer norms and MLPs too; drop compile_layers"),
+    (["--model-kwargs", "depth=1", "embed_dim=16", "num_heads=2", "proj_drop_rate=0.1"], "has dropout"),
+])
+def test_what_it_cannot_compile_is_refused_in_one_line(tmp_path, capsys, extra, message):
+    status, out = run_cli(tmp_path, "run", "--compile-model", "--strategies", "streamkl", *extra)
+    assert status == 2 and message in one_line_error(capsys)
+    assert not out.exists()
