@@ -13,7 +13,8 @@ batch 32, bf16 autocast, the 4-block 64-wide ViT with early convolutions):
   the study's workers, which the ``units`` part mixes with each process's compile time.
 - ``units``: P processes at once, each training one tuning unit of the study (LwF, EWC,
   PAD, StreamKL in turn, task scenario) shortened to ``--epochs`` epochs per experience:
-  units per minute, and each unit's training and CPU seconds (a process waiting for the GPU
+  units per minute (also as if every experience ran at the rate of the third and later, whose
+  graphs are compiled by then), and each unit's training and CPU seconds (a process waiting for the GPU
   spins, so CPU seconds near the training seconds do not mean the host is the limit; compare
   ``steady`` at one process and at P). With NVIDIA's MPS daemon running
   (``nvidia-cuda-mps-control -d``), kernels of different processes run side by side.
@@ -41,7 +42,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from _harness.efficacy_plan import REGIMES, make_plan, tuning_units
+from _harness.efficacy_plan import REGIMES, experience_weights, make_plan, tuning_units
 from _harness.efficacy_units import load_data, run_unit
 from _harness.measure import gpu_kernel_times_us, sync
 from _harness.options import add_run_flags, checked_device
@@ -151,8 +152,12 @@ def _one_unit(index: int, regime: str, settings: dict[str, Any], epochs: int, de
     load_data(unit, plan)
     start, cpu = time.perf_counter(), time.process_time()
     record = run_unit(unit, plan, device, tempfile.mkdtemp(), None, execution=UNIT_VARIANTS[variant])
+    weights = experience_weights(unit, plan)
+    # From the third experience on: the training, evaluation and teacher graphs are compiled by then.
+    later = [(weights[number - 1], seconds) for number, seconds in record["experience_s"] if number >= 3]
+    steady_s = sum(weights) * sum(s for _, s in later) / sum(w for w, _ in later)
     return {"strategy": unit.strategy, "train_s": record["wall_time_s"], "unit_s": time.perf_counter() - start,
-            "cpu_s": time.process_time() - cpu}
+            "steady_unit_s": steady_s, "cpu_s": time.process_time() - cpu, "experience_s": record["experience_s"]}
 
 
 def units_per_minute(regime: str, settings: dict[str, Any], processes: int, epochs: int, device: str,
@@ -164,6 +169,7 @@ def units_per_minute(regime: str, settings: dict[str, Any], processes: int, epoc
                                 [epochs] * processes, [device] * processes, [variant] * processes))
     slowest = max(result["unit_s"] for result in results)
     return {"processes": processes, "units_per_min": 60 * processes / slowest,
+            "steady_units_per_min": 60 * processes / max(result["steady_unit_s"] for result in results),
             "train_s": sum(r["train_s"] for r in results) / processes,
             "cpu_s": sum(r["cpu_s"] for r in results) / processes, "units": results}
 
@@ -199,25 +205,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "step" in args.parts:
         for variant in args.variants:
             times = step_times(settings, variant, args.device, args.steps)
-            rows.append(["step", variant, 1, times["wall_ms"], times["kernel_ms"], None, None])
+            rows.append(["step", variant, 1, times["wall_ms"], times["kernel_ms"], None, None, None])
             runs.append({"part": "step", "variant": variant, **times})
     if "steady" in args.parts:
         for variant in args.variants:
             for processes in args.processes:
                 result = concurrent_steps(settings, variant, processes, args.steps, args.device.type)
-                rows.append(["steady", variant, processes, result["wall_ms"], None, None, None])
+                rows.append(["steady", variant, processes, result["wall_ms"], None, None, None, None])
                 runs.append({"part": "steady", "variant": variant, **result})
     if "units" in args.parts:
         for variant in [variant for variant in args.variants if variant in UNIT_VARIANTS]:
             for processes in args.processes:
                 result = units_per_minute(args.regime, settings, processes, args.epochs, args.device.type, variant)
-                rows.append(["units", variant, processes, None, None, result["units_per_min"], result["cpu_s"]
-                             / result["train_s"]])
+                rows.append(["units", variant, processes, None, None, result["units_per_min"],
+                             result["steady_units_per_min"], result["cpu_s"] / result["train_s"]])
                 runs.append({"part": "units", "variant": variant, **result})
     columns = [{"name": "measure"}, {"name": "variant"}, {"name": "processes", "align": "right", "format": "d"},
                {"name": "step wall (ms)", "align": "right", "format": ".2f"},
                {"name": "step kernels (ms)", "align": "right", "format": ".2f"},
                {"name": "units / min", "align": "right", "format": ".1f"},
+               {"name": "units / min from exp. 3", "align": "right", "format": ".1f"},
                {"name": "CPU s / training s", "align": "right", "format": ".2f"}]
     for row in rows:
         print(" | ".join("-" if cell is None else f"{cell:.2f}" if isinstance(cell, float) else str(cell)

@@ -76,7 +76,8 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
     (:func:`seconds_per_weight_of`).
     ``execution``: how this start runs units, recorded with each (``commit``, ``device``, and
     ``compile_layers``, ``compile_model``: configuration that changes rounding only, so not part
-    of the plan).
+    of the plan). The record's ``experience_s`` holds [experience number, seconds] of each
+    experience trained by the start that finished the unit (its first one also compiles).
     """
     global _seconds_per_weight
     from cl_streamkl.experiment.runner import run_experiment
@@ -95,6 +96,7 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
                                          "compile_model": bool(execution.get("compile_model"))}).resolved()
     splits = load_data(unit, plan, config)
     start = last = time.perf_counter()
+    seconds: list[list[float]] = []  # [experience number, seconds] of those trained in this start
 
     def after_experience(trained: int, count: int) -> None:
         global _seconds_per_weight
@@ -104,6 +106,7 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
             done, following = weights[trained - 1], weights[trained] if trained < count else 0.0
         else:  # a joint run trains every experience in one step
             done, following = sum(weights), 0.0
+        seconds.append([trained, now - last])
         _seconds_per_weight, last = max(_seconds_per_weight, (now - last) / done), now
         if deadline is not None and following and time.time() + _seconds_per_weight * following > deadline:
             raise _OutOfTime
@@ -114,7 +117,7 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
     except _OutOfTime:
         return None
     payload = {"unit": dataclasses.asdict(unit), **result.to_dict(), "process_s": time.perf_counter() - start,
-               "execution": execution}
+               "experience_s": seconds, "execution": execution}
     record.parent.mkdir(parents=True, exist_ok=True)
     # Atomically: a start killed at its time limit leaves no half-written record.
     partial = record.with_name(record.name + ".partial")

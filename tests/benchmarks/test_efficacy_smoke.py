@@ -55,8 +55,11 @@ def test_efficacy_study_tiny(tmp_path, monkeypatch, capsys):
     report = json.loads(report_path.read_text())
     assert report["units"] == {"tune": [3, 44], "test": [0, 42]}
     assert report["plan"]["val_seeds"] == [7, 8] and report["scenarios"]["class"]["chosen"] is None
-    execution = next(iter(report["records"].values()))["execution"]
-    assert execution["compile_layers"] is False and execution["commit"] == report["environment"]["commit"]
+    first = next(iter(report["records"].values()))
+    execution = first["execution"]
+    assert execution["compile_layers"] is False and execution["compile_model"] is False
+    assert execution["commit"] == report["environment"]["commit"]
+    assert [number for number, seconds in first["experience_s"] if seconds > 0] == [1, 2, 3]
     assert efficacy.main([*common, "--out", str(out), "--part", "test"]) == 2
     assert "tuning of scenario class is not finished" in capsys.readouterr().err
     # Past the time limit nothing starts; nor a unit that would pass it, judged by the finished ones.

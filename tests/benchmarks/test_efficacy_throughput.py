@@ -17,10 +17,11 @@ def test_step_and_unit_measurements_are_written(tmp_path):
     (step, steady, units) = report["rows"]
     assert step[:3] == ["step", "eager", 1] and step[3] > 0
     assert steady[:3] == ["steady", "eager", 1] and steady[3] > 0
-    assert units[:3] == ["units", "eager", 1] and units[5] > 0 and units[6] > 0
+    assert units[:3] == ["units", "eager", 1] and units[5] > 0 and units[6] > 0 and units[7] > 0
     assert report["runs"][1]["steps"] == 2
     run = report["runs"][2]
     assert run["units"][0]["strategy"] == "lwf" and run["units"][0]["train_s"] > 0
+    assert [number for number, _ in run["units"][0]["experience_s"]] == [1, 2, 3]
     assert report["title"].startswith("Efficacy study throughput, tiny smoke run")
 
 
