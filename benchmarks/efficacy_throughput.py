@@ -24,8 +24,8 @@ processes together: a GPU that is the limit shows it near the kernel time of one
 
 Run from the repository root::
 
-    PYTHONPATH=. python benchmarks/efficacy_throughput.py --device cuda --processes 1 14 --epochs 2 \\
-        --json benchmarks/results/study-throughput.json
+    PYTHONPATH=. python benchmarks/efficacy_throughput.py --device cuda --parts step units --processes 14 \\
+        --epochs 6 --variants eager compile-layers compile-model --json benchmarks/results/study-throughput.json
     PYTHONPATH=. python benchmarks/efficacy_throughput.py --tiny --device cpu   # smoke run
 """
 
