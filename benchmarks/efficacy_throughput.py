@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import multiprocessing
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -174,6 +175,24 @@ def units_per_minute(regime: str, settings: dict[str, Any], processes: int, epoc
             "cpu_s": sum(r["cpu_s"] for r in results) / processes, "units": results}
 
 
+def _measured(part: str, variant: str, processes: int, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """One measurement's run record; a failure is recorded and reported, and the others go on."""
+    try:
+        result = measure()
+    except Exception as err:  # a variant that fails to compile must not cost a GPU call the other numbers
+        print(f"{part} {variant} with {processes} process(es) failed: {type(err).__name__}: {err}", file=sys.stderr)
+        return {"part": part, "variant": variant, "processes": processes, "error": f"{type(err).__name__}: {err}"}
+    return {"part": part, "variant": variant, "processes": processes, **result}
+
+
+def _row(run: dict[str, Any]) -> list[Any]:
+    """The table row of one measurement (see ``columns`` in :func:`main`)."""
+    if run["part"] == "units":
+        return ["units", run["variant"], run["processes"], None, None, run["units_per_min"],
+                run["steady_units_per_min"], run["cpu_s"] / run["train_s"]]
+    return [run["part"], run["variant"], run["processes"], run["wall_ms"], run.get("kernel_ms"), None, None, None]
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--regime", choices=tuple(REGIMES), default="long")
@@ -201,25 +220,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     settings = {**REGIMES["short"], **TINY} if args.tiny else dict(REGIMES[args.regime])
     environment = describe_environment(args.device, args.commit)
-    rows, runs = [], []
+    runs = []
     if "step" in args.parts:
         for variant in args.variants:
-            times = step_times(settings, variant, args.device, args.steps)
-            rows.append(["step", variant, 1, times["wall_ms"], times["kernel_ms"], None, None, None])
-            runs.append({"part": "step", "variant": variant, **times})
+            runs.append(_measured("step", variant, 1, lambda: step_times(settings, variant, args.device, args.steps)))
     if "steady" in args.parts:
         for variant in args.variants:
             for processes in args.processes:
-                result = concurrent_steps(settings, variant, processes, args.steps, args.device.type)
-                rows.append(["steady", variant, processes, result["wall_ms"], None, None, None, None])
-                runs.append({"part": "steady", "variant": variant, **result})
+                runs.append(_measured("steady", variant, processes, lambda: concurrent_steps(
+                    settings, variant, processes, args.steps, args.device.type)))
     if "units" in args.parts:
         for variant in [variant for variant in args.variants if variant in UNIT_VARIANTS]:
             for processes in args.processes:
-                result = units_per_minute(args.regime, settings, processes, args.epochs, args.device.type, variant)
-                rows.append(["units", variant, processes, None, None, result["units_per_min"],
-                             result["steady_units_per_min"], result["cpu_s"] / result["train_s"]])
-                runs.append({"part": "units", "variant": variant, **result})
+                runs.append(_measured("units", variant, processes, lambda: units_per_minute(
+                    args.regime, settings, processes, args.epochs, args.device.type, variant)))
+    rows = [_row(run) for run in runs if "error" not in run]
     columns = [{"name": "measure"}, {"name": "variant"}, {"name": "processes", "align": "right", "format": "d"},
                {"name": "step wall (ms)", "align": "right", "format": ".2f"},
                {"name": "step kernels (ms)", "align": "right", "format": ".2f"},
@@ -236,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                "triton": environment["triton"], "python": environment["python"],
                                "commit": environment["commit"], "settings": settings, "columns": columns,
                                "rows": rows, "runs": runs})
-    return 0
+    return 1 if any("error" in run for run in runs) else 0
 
 
 if __name__ == "__main__":

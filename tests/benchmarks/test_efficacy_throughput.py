@@ -44,3 +44,21 @@ def test_the_compiled_model_variant_times_a_step(tmp_path):
                             "--steps", "2", "--json", str(path)]) == 0
     [step] = json.loads(path.read_text())["rows"]
     assert step[:3] == ["step", "compile-model", 1] and step[3] > 0
+
+
+def test_a_failing_variant_is_reported_and_the_others_measured(tmp_path, monkeypatch, capsys):
+    real = throughput.step_times
+
+    def step_times(settings, variant, device, steps):
+        if variant == "compile-layers":
+            raise RuntimeError("no compiler")
+        return real(settings, variant, device, steps)
+
+    monkeypatch.setattr(throughput, "step_times", step_times)
+    path = tmp_path / "throughput.json"
+    assert throughput.main(["--tiny", "--device", "cpu", "--parts", "step", "--variants", "compile-layers", "eager",
+                            "--steps", "2", "--json", str(path)]) == 1
+    assert "step compile-layers with 1 process(es) failed: RuntimeError: no compiler" in capsys.readouterr().err
+    report = json.loads(path.read_text())
+    assert [row[:2] for row in report["rows"]] == [["step", "eager"]]
+    assert report["runs"][0]["error"] == "RuntimeError: no compiler"
