@@ -21,8 +21,8 @@ computes with its own weights and reuses the graph. Classes are swapped in place
 (state-dict keys do not change); no hook is installed on any submodule, as a hook would
 make Dynamo recompile.
 
-Trust but verify: the first forward of each input signature (shapes, dtype, autocast,
-training mode, gradient mode) also runs the eager forward under the same recording mode,
+Trust but verify: the first forward of each input signature (shapes but the batch size, dtype,
+autocast, training mode, gradient mode) also runs the eager forward under the same recording mode,
 without gradients and on a copy of the random-number state, and compares the Q/K.
 """
 
@@ -88,7 +88,8 @@ def _signature(model: nn.Module, args: tuple, kwargs: dict) -> tuple:
     tensors = [value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor)]
     autocast = {t.device.type: (torch.is_autocast_enabled(t.device.type),
                                 torch.get_autocast_dtype(t.device.type)) for t in tensors}
-    return (tuple((tuple(t.shape), t.dtype, t.device) for t in tensors), tuple(sorted(autocast.items())),
+    # Any batch size: its graph is dynamic in the batch dimension.
+    return (tuple((tuple(t.shape[1:]), t.dtype, t.device) for t in tensors), tuple(sorted(autocast.items())),
             model.training, torch.is_grad_enabled())
 
 
@@ -114,6 +115,13 @@ def _check_against_eager(model: nn.Module, records: list, args: tuple, kwargs: d
 
 def _compiled_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     """The forward of a compiled model: one compiled call, then each block's Q/K to its listeners."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor) and value.dim() > 0:
+            # Batches of every size (eval sets' last batches, replay's larger ones) share one
+            # graph from the start, so the few modes a run needs stay within Dynamo's limit of
+            # graphs per function (8): training, a teacher's and evaluation's no-grad forwards,
+            # and baselines' forwards outside autocast.
+            torch._dynamo.maybe_mark_dynamic(value, 0)
     output, records = _compiled(_recording_forward)(self, *args, **kwargs)
     attention = [module for module in self.modules() if type(module) in _REPLAYED]
     name = _ORIGINAL_CLASS[type(self)].__name__

@@ -82,7 +82,7 @@ def test_values_gradients_and_captured_qk_equal_the_eager_model(backend, layers,
     assert compiled_model_module.compiled_model_checks() < 1e-12
 
 
-def test_deep_copies_compute_with_their_own_weights_without_recompiling():
+def test_deep_copies_and_other_batch_sizes_run_without_recompiling():
     student = _vit()
     compile_model(student)
     x = torch.randn(2, 1, 12, 12, dtype=torch.float64)
@@ -96,6 +96,7 @@ def test_deep_copies_compute_with_their_own_weights_without_recompiling():
     reference.__class__ = compiled_model_module._ORIGINAL_CLASS[type(reference)]
     torch.testing.assert_close(snapshot(x), reference(x), rtol=1e-12, atol=0)
     assert not torch.allclose(snapshot(x), student(x))
+    student(torch.randn(5, 1, 12, 12, dtype=torch.float64))  # another batch size: the same, dynamic graph
     assert counters["stats"]["unique_graphs"] == graphs
 
 
