@@ -41,6 +41,18 @@ from cl_streamkl.capture.recording import MATCH_RTOL, Record, SdpaRecorder, rela
 
 __all__ = ["compile_model", "compiled_model_checks"]
 
+# compiled class → the class it was made from; replayed attention class → its original.
+_ORIGINAL_CLASS: dict[type, type] = {}
+# What each replayed attention module passes its Q/K to, while a capture listens.
+_LISTENERS: weakref.WeakKeyDictionary[nn.Module, list[RecordQK]] = weakref.WeakKeyDictionary()
+# The input signatures of each compiled model already checked against its eager forward.
+_CHECKED: weakref.WeakKeyDictionary[nn.Module, set[tuple]] = weakref.WeakKeyDictionary()
+# The largest relative Q/K difference any check has seen (None before the first).
+_WORST_CHECK: list[float | None] = [None]
+# Attention classes whose modules hand over Q/K from a compiled forward.
+_REPLAYED: set[type] = set()
+
+
 def _recording_forward(model: nn.Module, *args: Any, **kwargs: Any) -> tuple[Any, list]:
     """The eager forward of ``model``'s original class under :class:`SdpaRecorder`."""
     records: list[Record] = []
@@ -54,16 +66,6 @@ def _compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
     # Compiled on first use; every compiled model of an architecture shares one function
     # (weights are graph inputs), so snapshots and copies cost no recompilation.
     return torch.compile(fn)
-
-
-# compiled class → the class it was made from; replayed attention class → its original.
-_ORIGINAL_CLASS: dict[type, type] = {}
-# What each replayed attention module passes its Q/K to, while a capture listens.
-_LISTENERS: weakref.WeakKeyDictionary[nn.Module, list[RecordQK]] = weakref.WeakKeyDictionary()
-# The input signatures of each compiled model already checked against its eager forward.
-_CHECKED: weakref.WeakKeyDictionary[nn.Module, set[tuple]] = weakref.WeakKeyDictionary()
-# The largest relative Q/K difference any check has seen (None before the first).
-_WORST_CHECK: list[float | None] = [None]
 
 
 class _Listening:
@@ -140,10 +142,6 @@ def _compiled_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         for record in list(_LISTENERS.get(module, ())):
             record(q, k, scale)
     return output
-
-
-# Attention classes whose modules hand over Q/K from a compiled forward.
-_REPLAYED: set[type] = set()
 
 
 def _subclass(cls: type, prefix: str, namespace: dict[str, Any]) -> type:
