@@ -11,6 +11,7 @@ import pytest
 efficacy = pytest.importorskip("efficacy")
 efficacy_plan = pytest.importorskip("_harness.efficacy_plan")
 efficacy_units = pytest.importorskip("_harness.efficacy_units")
+efficacy_tables = pytest.importorskip("_harness.efficacy_tables")
 
 
 def test_every_method_gets_the_same_number_of_settings():
@@ -80,6 +81,10 @@ def test_efficacy_study_tiny(tmp_path, monkeypatch, capsys):
     assert efficacy.main([*common, "--out", str(out), "--archive", str(archive)]) == 0
     assert (tmp_path / "units.tar.gz.1").is_file()
     report = json.loads(report_path.read_text())
+    status = efficacy_tables.summary([report])[0]  # the class scenario's units only: the plan is not done
+    assert status.startswith("Status: 5 tokens: tune 12/44 units, test 10/42 units")
+    done = {**report, "units": {"tune": [44, 44], "test": [42, 42]}}
+    assert efficacy_tables.summary([done])[0] == "**class-incremental**"
     part = report["scenarios"]["class"]
     assert report["units"]["tune"][0] == 12 and report["units"]["test"][0] == 10
     for family, table in part["tuning"].items():
