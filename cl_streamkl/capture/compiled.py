@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cl_streamkl.capture.compiled_model import is_compiled
 from cl_streamkl.capture.context import QKCapture
 from cl_streamkl.capture.layers import LayerSpec, find_attention_modules, resolve_layer_indices
 from cl_streamkl.capture.recording import MATCH_RTOL, Record, SdpaRecorder, relative_error
@@ -126,11 +127,15 @@ class CompiledQK:
 
     Raises:
         TypeError: the model has no capturable attention, or bad ``compile_options``.
+        ValueError: the model runs compiled already (:func:`~cl_streamkl.capture.compile_model`).
         ValueError: the layer selection does not fit the model.
     """
 
     def __init__(self, model: nn.Module, layers: LayerSpec = "all", compile_options: Mapping[str, Any] | None = None):
         options = check_compile_options(dict(compile_options) if compile_options is not None else True)
+        if is_compiled(model):
+            raise ValueError(f"CompiledQK: {type(model).__name__} is compiled by compile_model already; capture its "
+                             "Q/K with QKCapture (compile_teacher=False)")
         self.model = model
         self.layers = layers
         self.num_blocks = len(find_attention_modules(model))

@@ -39,7 +39,7 @@ from torch import nn
 from cl_streamkl.capture.extractors import RecordQK, Removable, qk_extractor_for, register_qk_extractor
 from cl_streamkl.capture.recording import MATCH_RTOL, Record, SdpaRecorder, relative_error
 
-__all__ = ["compile_model", "compiled_model_checks"]
+__all__ = ["compile_model", "compiled_model_checks", "is_compiled"]
 
 # compiled class → the class it was made from; replayed attention class → its original.
 _ORIGINAL_CLASS: dict[type, type] = {}
@@ -208,6 +208,11 @@ def compile_model(model: nn.Module) -> int:
         vit.__class__ = _subclass(type(vit), "Compiled", {"forward": _compiled_forward})
         count += 1
     return count
+
+
+def is_compiled(model: nn.Module) -> bool:
+    """Whether ``model`` holds a vision transformer that :func:`compile_model` compiled."""
+    return any(type(module) in _ORIGINAL_CLASS and type(module) not in _REPLAYED for module in model.modules())
 
 
 def compiled_model_checks() -> float | None:

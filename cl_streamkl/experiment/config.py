@@ -271,6 +271,8 @@ class ExperimentConfig:
             raise ValueError(f"warmup_epochs must be fewer than epochs ({cfg.epochs}); got {cfg.warmup_epochs}")
         if cfg.compile_model and cfg.compile_layers:
             raise ValueError("compile_model compiles the layer norms and MLPs too; drop compile_layers")
+        if cfg.compile_model and cfg.compile_teacher:
+            raise ValueError("compile_model compiles the teacher snapshots too; drop compile_teacher")
         if cfg.model_kwargs is None:
             use_default = cfg.model == DEFAULT_MODEL and cfg.pretrained_file is None
             cfg.model_kwargs = dict(DEFAULT_MODEL_KWARGS) if use_default else {}

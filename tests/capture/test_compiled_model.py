@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch._dynamo.utils import counters
 
-from cl_streamkl.capture import QKCapture, compile_model
+from cl_streamkl.capture import CompiledQK, QKCapture, compile_model
 from cl_streamkl.capture import compiled_model as compiled_model_module
 from cl_streamkl.experiment.task_heads import MultiHeadViT
 
@@ -136,6 +136,10 @@ def test_models_it_cannot_compile_are_refused_by_name():
         compile_model(nn.Sequential(nn.Linear(2, 2)))
     with pytest.raises(ValueError, match="has dropout"):
         compile_model(_vit(proj_drop_rate=0.1))
+    compiled = _vit()
+    compile_model(compiled)
+    with pytest.raises(ValueError, match="compiled by compile_model already"):
+        CompiledQK(compiled)
     manual = _vit()
     for block in manual.blocks:
         block.attn.fused_attn = False

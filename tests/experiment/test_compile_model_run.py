@@ -29,6 +29,7 @@ def test_a_run_distils_through_the_compiled_model_as_the_eager_one_does(tmp_path
 
 @pytest.mark.parametrize("extra, message", [
     (["--compile-layers"], "compile_model compiles the layer norms and MLPs too; drop compile_layers"),
+    (["--compile-teacher"], "compile_model compiles the teacher snapshots too; drop compile_teacher"),
     (["--model-kwargs", "depth=1", "embed_dim=16", "num_heads=2", "proj_drop_rate=0.1"], "has dropout"),
 ])
 def test_what_it_cannot_compile_is_refused_in_one_line(tmp_path, capsys, extra, message):
