@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import multiprocessing
+import os
 import sys
 import tempfile
 import time
@@ -220,6 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     settings = {**REGIMES["short"], **TINY} if args.tiny else dict(REGIMES[args.regime])
     environment = describe_environment(args.device, args.commit)
+    # As in the study: many processes compile at once, one compile process each.
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     runs = []
     if "step" in args.parts:
         for variant in args.variants:
