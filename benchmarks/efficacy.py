@@ -201,7 +201,7 @@ def _argument_error(args: argparse.Namespace) -> str | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     # --workers 0 trains in this process: no time carried over from an earlier start.
-    efficacy_units._seconds_per_weight = 0.0
+    efficacy_units._seconds_per_weight.clear()
     args = parse_args(argv)
     if args.tables:
         print(side_by_side([json.loads(path.read_text()) for path in args.tables]))

@@ -25,11 +25,13 @@ from _harness.efficacy_plan import Unit, experience_weights
 from cl_streamkl.experiment.config import ExperimentConfig
 
 # Seconds per unit of experience weight (:func:`experience_weights`: one pass over all
-# classes' data) a worker has seen at most, at first from finished units: a unit does not
-# start unless all of it would end before the deadline, and a running one stops after an
-# experience when the next would not, so a time-limited start leaves no unit half done
-# unless an estimate was wrong.
-_seconds_per_weight = 0.0
+# classes' data) a worker has seen at most per kind of unit (:func:`unit_kind`), at first from
+# finished units: a unit does not start unless all of it would end before the deadline, and a
+# running one stops after an experience when the next would not, so a time-limited start
+# leaves no unit half done unless an estimate was wrong. Per kind, because kinds differ two-fold
+# (a domain StreamKL unit against a task LwF one): one rate for all would let a start's last
+# minutes, which fit a cheap unit, go unused.
+_seconds_per_weight: dict[tuple[str, str, str], float] = {}
 _splits_cache: dict[str, Any] = {}
 
 
@@ -79,16 +81,16 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
     of the plan). The record's ``experience_s`` holds [experience number, seconds] of each
     experience trained by the start that finished the unit (its first one also compiles).
     """
-    global _seconds_per_weight
     from cl_streamkl.experiment.runner import run_experiment
 
     execution = execution or {}
-    _seconds_per_weight = max(_seconds_per_weight, seconds_per_weight)
+    kind = unit_kind(unit)
+    _seconds_per_weight[kind] = max(_seconds_per_weight.get(kind, 0.0), seconds_per_weight)
     record = Path(root) / "units" / f"{unit.name}.json"
     if record.is_file():
         return json.loads(record.read_text())
     weights = experience_weights(unit, plan)
-    if deadline is not None and time.time() + _seconds_per_weight * sum(weights) > deadline:
+    if deadline is not None and time.time() + _seconds_per_weight[kind] * sum(weights) > deadline:
         return None
     out = Path(root) / "runs" / unit.name
     config = ExperimentConfig.from_dict({**unit.config_fields(plan), "device": device, "out": str(out),
@@ -99,7 +101,6 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
     seconds: list[list[float]] = []  # [experience number, seconds] of those trained in this start
 
     def after_experience(trained: int, count: int) -> None:
-        global _seconds_per_weight
         nonlocal last
         now = time.perf_counter()
         if count == len(weights):
@@ -107,8 +108,8 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
         else:  # a joint run trains every experience in one step
             done, following = sum(weights), 0.0
         seconds.append([trained, now - last])
-        _seconds_per_weight, last = max(_seconds_per_weight, (now - last) / done), now
-        if deadline is not None and following and time.time() + _seconds_per_weight * following > deadline:
+        _seconds_per_weight[kind], last = max(_seconds_per_weight[kind], (now - last) / done), now
+        if deadline is not None and following and time.time() + _seconds_per_weight[kind] * following > deadline:
             raise _OutOfTime
 
     try:
@@ -144,14 +145,25 @@ def finished_records(root: Path) -> dict[str, dict[str, Any]]:
     return {path.stem: json.loads(path.read_text()) for path in sorted((root / "units").glob("*.json"))}
 
 
-def seconds_per_weight_of(records: Iterable[dict[str, Any]], plan: dict[str, Any]) -> float:
-    """The most seconds per unit of experience weight any finished unit of ``plan`` took (0 if none)."""
-    rates = []
+def unit_kind(unit: Unit) -> tuple[str, str, str]:
+    """What a unit's cost depends on besides its data: (scenario, replay arm, strategy)."""
+    return unit.scenario, unit.arm, unit.strategy
+
+
+def seconds_per_weight_of(records: Iterable[dict[str, Any]], plan: dict[str, Any]) -> dict[tuple[str, str, str], float]:
+    """Per :func:`unit_kind`, the most seconds per unit of experience weight a finished unit of ``plan`` took."""
+    rates: dict[tuple[str, str, str], float] = {}
     for record in records:
         unit = Unit.from_record(record["unit"])
         if unit.scenario in plan["scenarios"]:
-            rates.append(record["wall_time_s"] / sum(experience_weights(unit, plan)))
-    return max(rates, default=0.0)
+            rate = record["wall_time_s"] / sum(experience_weights(unit, plan))
+            rates[unit_kind(unit)] = max(rate, rates.get(unit_kind(unit), 0.0))
+    return rates
+
+
+def estimate_for(unit: Unit, rates: dict[tuple[str, str, str], float]) -> float:
+    """``unit``'s seconds per weight: its kind's rate, else the slowest kind's (0 when none finished)."""
+    return rates.get(unit_kind(unit), max(rates.values(), default=0.0))
 
 
 def run_units(units: Sequence[Unit], pool: concurrent.futures.Executor, plan: dict[str, Any], args: argparse.Namespace,
@@ -162,9 +174,9 @@ def run_units(units: Sequence[Unit], pool: concurrent.futures.Executor, plan: di
     cost a time-limited machine call every other unit's work (its checkpoints stay in the
     archive).
     """
-    estimate = seconds_per_weight_of(finished_records(args.out).values(), plan)
-    futures = {pool.submit(run_unit, unit, plan, args.device, str(args.out), deadline, estimate, args.execution): unit
-               for unit in units}
+    rates = seconds_per_weight_of(finished_records(args.out).values(), plan)
+    futures = {pool.submit(run_unit, unit, plan, args.device, str(args.out), deadline, estimate_for(unit, rates),
+                           args.execution): unit for unit in units}
     finished = stopped = failed = 0
     for future in concurrent.futures.as_completed(futures):
         unit = futures[future]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import types
 
@@ -69,10 +70,12 @@ def test_efficacy_study_tiny(tmp_path, monkeypatch, capsys):
     records = efficacy_units.finished_records(out).values()
     plan = report["plan"]
     units = [efficacy_plan.Unit.from_record(r["unit"]) for r in records]
-    assert efficacy_units.seconds_per_weight_of(records, plan) == max(
+    rates = efficacy_units.seconds_per_weight_of(records, plan)
+    assert max(rates.values()) == max(
         r["wall_time_s"] / sum(efficacy_plan.experience_weights(u, plan)) for r, u in zip(records, units)) > 0
+    assert set(rates) == {efficacy_units.unit_kind(u) for u in units}
     estimate = efficacy_units.seconds_per_weight_of
-    monkeypatch.setattr(efficacy_units, "seconds_per_weight_of", lambda records, plan: 3600.0)
+    monkeypatch.setattr(efficacy_units, "seconds_per_weight_of", lambda records, plan: {"any kind": 3600.0})
     assert efficacy.main([*common, "--out", str(out), "--time-limit", "30"]) == 0
     assert json.loads(report_path.read_text())["units"]["tune"] == [3, 44]
     monkeypatch.setattr(efficacy_units, "seconds_per_weight_of", estimate)
@@ -168,7 +171,7 @@ def test_the_deadline_judges_each_experience_by_its_weight(tmp_path, monkeypatch
     monkeypatch.setattr(efficacy_units, "time", fake_time)
     monkeypatch.setattr(efficacy_units, "load_data", lambda *_: None)
     monkeypatch.setattr("cl_streamkl.experiment.runner.run_experiment", run_experiment)
-    monkeypatch.setattr(efficacy_units, "_seconds_per_weight", 0.0)
+    monkeypatch.setattr(efficacy_units, "_seconds_per_weight", {})
     plan = efficacy_plan.make_plan("short", [100, 101], [200, 201])
     unit = efficacy_plan.tuning_units(plan, "task")[0]
     # After the first experience (30 s) the second is expected to take 10 s: 40 <= 45 goes on;
@@ -180,3 +183,18 @@ def test_the_deadline_judges_each_experience_by_its_weight(tmp_path, monkeypatch
     second = efficacy_plan.tuning_units(plan, "task")[1]
     assert efficacy_units.run_unit(second, plan, "cpu", str(tmp_path), 60.0) is None
     assert trained == [30.0, 10.0]
+
+
+def test_each_kind_of_unit_is_judged_by_its_own_rate():
+    """A slow kind's rate does not keep a cheap kind from starting; a kind never seen gets the slowest rate."""
+    plan = efficacy_plan.make_plan("short", [100, 101], [200, 201])
+    lwf, streamkl = (next(u for u in efficacy_plan.tuning_units(plan, "task") if u.strategy == name)
+                     for name in ("lwf", "streamkl"))
+    records = [{"unit": dataclasses.asdict(unit), "wall_time_s": seconds} for unit, seconds in ((lwf, 300.0),
+                                                                                                 (streamkl, 100.0))]
+    rates = efficacy_units.seconds_per_weight_of(records, plan)
+    assert efficacy_units.estimate_for(streamkl, rates) == pytest.approx(100.0)  # the task weights sum to 1
+    assert efficacy_units.estimate_for(lwf, rates) == pytest.approx(300.0)
+    ewc = next(u for u in efficacy_plan.tuning_units(plan, "task") if u.strategy == "ewc")
+    assert efficacy_units.estimate_for(ewc, rates) == pytest.approx(300.0)
+    assert efficacy_units.estimate_for(ewc, {}) == 0.0
