@@ -25,7 +25,7 @@ processes together: a GPU that is the limit shows it near the kernel time of one
 Run from the repository root::
 
     PYTHONPATH=. python benchmarks/efficacy_throughput.py --device cuda --parts step units --processes 14 \\
-        --epochs 6 --variants eager compile-layers compile-model --json benchmarks/results/study-throughput.json
+        --epochs 6 --variants eager compile-model --json benchmarks/results/study-throughput.json
     PYTHONPATH=. python benchmarks/efficacy_throughput.py --tiny --device cpu   # smoke run
 """
 
