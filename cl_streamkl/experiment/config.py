@@ -51,8 +51,8 @@ STEMS = ("patch", "conv")
 # The learning rate within each experience (cl_streamkl.experiment.lr_schedule).
 LR_SCHEDULES = ("constant", "cosine")
 # Fields that do not change what one (strategy, seed) run computes: where files live, which
-# other runs the experiment holds, and compiled layers (the same arithmetic, rounded in
-# another order). A checkpoint's fingerprint leaves them out.
+# other runs the experiment holds, and compiled layers or model (the same arithmetic, rounded
+# in another order). A checkpoint's fingerprint leaves them out.
 FINGERPRINT_EXCLUDED = ("out", "data_root", "download", "strategies", "seeds", "compile_layers", "compile_model")
 # Keys configuration files of earlier versions used: old key → field.
 RENAMED_KEYS = {"n_experiences": "experiences"}
