@@ -36,3 +36,26 @@ def test_what_it_cannot_compile_is_refused_in_one_line(tmp_path, capsys, extra, 
     status, out = run_cli(tmp_path, "run", "--compile-model", "--strategies", "streamkl", *extra)
     assert status == 2 and message in one_line_error(capsys)
     assert not out.exists()
+
+
+def test_an_eager_checkpoint_resumes_compiled(tmp_path):
+    """compile_model is left out of the checkpoint fingerprint: it changes rounding, not the run."""
+    from cl_streamkl.experiment import runner
+    from cl_streamkl.experiment.config import ExperimentConfig
+
+    fields = {"model_kwargs": {"depth": 1, "embed_dim": 16, "num_heads": 2}, "image_size": 8, "patch_size": 4,
+              "epochs": 1, "batch_size": 64, "strategies": ["streamkl"], "experiences": 2, "seeds": [0],
+              "device": "cpu", "out": str(tmp_path / "run")}
+
+    def stop(trained, count):
+        raise KeyboardInterrupt
+
+    eager = ExperimentConfig.from_dict(fields).resolved()
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_experiment(eager, tmp_path / "run", show_progress=False, after_experience=stop)
+    compiled = ExperimentConfig.from_dict({**fields, "compile_model": True}).resolved()
+    [resumed] = runner.run_experiment(compiled, tmp_path / "run", resume=True, show_progress=False)
+    [whole] = runner.run_experiment(eager, tmp_path / "whole", show_progress=False)
+    assert resumed.accuracy_matrix[0] == whole.accuracy_matrix[0]  # the first experience, read back
+    for row, reference in zip(resumed.accuracy_matrix[1], whole.accuracy_matrix[1], strict=True):
+        assert row == pytest.approx(reference, abs=0.02)  # the second, compiled: rounding apart
