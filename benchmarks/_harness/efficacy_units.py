@@ -118,7 +118,7 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
     except _OutOfTime:
         return None
     payload = {"unit": dataclasses.asdict(unit), **result.to_dict(), "process_s": time.perf_counter() - start,
-               "experience_s": seconds, "execution": execution}
+               "experience_s": seconds, "execution": _with_check(execution)}
     record.parent.mkdir(parents=True, exist_ok=True)
     # Atomically: a start killed at its time limit leaves no half-written record.
     partial = record.with_name(record.name + ".partial")
@@ -126,6 +126,16 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
     os.replace(partial, record)
     shutil.rmtree(out, ignore_errors=True)  # its checkpoint is no longer needed
     return payload
+
+
+def _with_check(execution: dict[str, Any]) -> dict[str, Any]:
+    """``execution`` and, for a compiled model, the largest relative Q/K difference between its
+    compiled and eager forwards that this worker's first-call checks have seen."""
+    if not execution.get("compile_model"):
+        return execution
+    from cl_streamkl.capture.compiled_model import compiled_model_checks
+
+    return {**execution, "compiled_qk_check": compiled_model_checks()}
 
 
 class InProcess(concurrent.futures.Executor):

@@ -59,3 +59,15 @@ def test_an_eager_checkpoint_resumes_compiled(tmp_path):
     assert resumed.accuracy_matrix[0] == whole.accuracy_matrix[0]  # the first experience, read back
     for row, reference in zip(resumed.accuracy_matrix[1], whole.accuracy_matrix[1], strict=True):
         assert row == pytest.approx(reference, abs=0.02)  # the second, compiled: rounding apart
+
+
+def test_a_compiled_study_unit_records_its_check(tmp_path):
+    from _harness import efficacy_plan, efficacy_units
+
+    plan = efficacy_plan.make_plan("short", [100, 101], [200, 201], epochs=1)
+    # A StreamKL unit: the teacher snapshot and the student's capture both run compiled.
+    unit = next(unit for unit in efficacy_plan.tuning_units(plan, "task") if unit.strategy == "streamkl")
+    efficacy_units.load_data(unit, plan)
+    record = efficacy_units.run_unit(unit, plan, "cpu", str(tmp_path), None, execution={"compile_model": True})
+    assert 0 <= record["execution"]["compiled_qk_check"] < 1e-3
+    assert record["execution"]["compile_model"] is True and record["mean_penalty"] > 0
