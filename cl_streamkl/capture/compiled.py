@@ -36,7 +36,7 @@ from torch import nn
 from cl_streamkl.capture.compiled_model import is_compiled
 from cl_streamkl.capture.context import QKCapture
 from cl_streamkl.capture.layers import LayerSpec, find_attention_modules, resolve_layer_indices
-from cl_streamkl.capture.recording import MATCH_RTOL, Record, SdpaRecorder, relative_error
+from cl_streamkl.capture.recording import MATCH_RTOL, Record, SdpaRecorder, input_signature, qk_error
 
 __all__ = ["CompiledQK", "TeacherQK", "check_compile_options"]
 
@@ -95,12 +95,6 @@ def _recorded_qk(
         model(x)
     # Only the selected Q/K leave the graph, so the compiler prunes the rest.
     return [records[i][:2] for i in block_indices if i < len(records)], len(records)
-
-
-def _input_signature(x: torch.Tensor) -> tuple:
-    autocast = torch.is_autocast_enabled(x.device.type)
-    autocast_dtype = torch.get_autocast_dtype(x.device.type) if autocast else None
-    return (tuple(x.shape), x.dtype, x.device, autocast, autocast_dtype)
 
 
 class CompiledQK:
@@ -163,7 +157,7 @@ class CompiledQK:
             raise TypeError(f"CompiledQK needs a tensor input, got {type(x).__name__}")
         with torch.no_grad():
             qk, calls = self._compiled(self.model, x, tuple(self.block_indices))
-            signature = _input_signature(x)
+            signature = input_signature(x)
             if signature not in self._checked:
                 self._check_against_eager(x, qk, calls)
                 self._checked.add(signature)
@@ -188,7 +182,7 @@ class CompiledQK:
                     f"capture q {tuple(q_eager.shape)}, k {tuple(k_eager.shape)}; the model's attention calls do "
                     "not run in block order. Use the eager teacher (compile_teacher=False)."
                 )
-            errors.append((block, max(relative_error(q, q_eager), relative_error(k, k_eager))))
+            errors.append((block, qk_error(q, k, q_eager, k_eager)))
         worst_block, worst = max(errors, key=lambda item: item[1])
         if not worst <= MATCH_RTOL:
             raise RuntimeError(

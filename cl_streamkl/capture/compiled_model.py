@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from cl_streamkl.capture.extractors import RecordQK, Removable, qk_extractor_for, register_qk_extractor
-from cl_streamkl.capture.recording import MATCH_RTOL, Record, SdpaRecorder, relative_error
+from cl_streamkl.capture.recording import MATCH_RTOL, Record, SdpaRecorder, input_signature, qk_error
 
 __all__ = ["compile_model", "compiled_model_checks", "is_compiled"]
 
@@ -87,12 +87,10 @@ def _replay_extractor(module: nn.Module, record: RecordQK) -> list[Removable]:
 
 
 def _signature(model: nn.Module, args: tuple, kwargs: dict) -> tuple:
-    tensors = [value for value in (*args, *kwargs.values()) if isinstance(value, torch.Tensor)]
-    autocast = {t.device.type: (torch.is_autocast_enabled(t.device.type),
-                                torch.get_autocast_dtype(t.device.type)) for t in tensors}
     # Any batch size: its graph is dynamic in the batch dimension.
-    return (tuple((tuple(t.shape[1:]), t.dtype, t.device) for t in tensors), tuple(sorted(autocast.items())),
-            model.training, torch.is_grad_enabled())
+    inputs = tuple(input_signature(value, batch=False) for value in (*args, *kwargs.values())
+                   if isinstance(value, torch.Tensor))
+    return inputs, model.training, torch.is_grad_enabled()
 
 
 def _check_against_eager(model: nn.Module, records: list, args: tuple, kwargs: dict) -> None:
@@ -108,7 +106,7 @@ def _check_against_eager(model: nn.Module, records: list, args: tuple, kwargs: d
         if q.shape != q_eager.shape or k.shape != k_eager.shape:
             raise RuntimeError(f"compile_model: block {block} of the compiled {name} gave q {tuple(q.shape)}, "
                                f"its eager forward q {tuple(q_eager.shape)}; run it without --compile-model")
-        worst = max(worst, relative_error(q.detach(), q_eager), relative_error(k.detach(), k_eager))
+        worst = max(worst, qk_error(q, k, q_eager, k_eager))
     if not worst <= MATCH_RTOL:
         raise RuntimeError(f"compile_model: the compiled {name}'s Q/K differ from its eager forward's by {worst:.2e} "
                            f"(relative; allowed {MATCH_RTOL}); run it without --compile-model")

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-__all__ = ["MATCH_RTOL", "Record", "SdpaRecorder", "relative_error"]
+__all__ = ["MATCH_RTOL", "Record", "SdpaRecorder", "input_signature", "qk_error", "relative_error"]
 
 # A wrong tensor (another block's, q for k, no rotary/qk-norm) is O(1) away in relative
 # terms; compiled and eager low-precision arithmetic differ by rounding, far below this.
@@ -52,3 +52,16 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     difference = torch.linalg.vector_norm((actual - expected).double())
     size = torch.linalg.vector_norm(expected.double())
     return float(difference / size) if size > 0 else float(difference)
+
+
+def qk_error(q: torch.Tensor, k: torch.Tensor, q_reference: torch.Tensor, k_reference: torch.Tensor) -> float:
+    """The larger relative difference of ``q`` and ``k`` from their references (no autograd graph)."""
+    return max(relative_error(q.detach(), q_reference.detach()), relative_error(k.detach(), k_reference.detach()))
+
+
+def input_signature(x: torch.Tensor, *, batch: bool = True) -> tuple:
+    """What a compiled forward's first-call check is keyed by for input ``x``: its shape (without
+    the batch size when ``batch`` is False), dtype, device and its device's autocast state."""
+    autocast = torch.is_autocast_enabled(x.device.type)
+    autocast_dtype = torch.get_autocast_dtype(x.device.type) if autocast else None
+    return (tuple(x.shape if batch else x.shape[1:]), x.dtype, x.device, autocast, autocast_dtype)
