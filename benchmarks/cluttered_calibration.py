@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from _harness.options import add_run_flags, checked_device
-from _harness.report import describe_environment, write_json
+from _harness.report import describe_environment, table_header, write_json
 
 KINDS = ("joint", "control", "learning")
 SETTINGS = {"canvas": 128, "patch_size": 4, "control_size": 32, "control_patch_size": 8, "clutter_size": 8,
@@ -264,9 +264,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "title": (f"Cluttered MNIST calibration: conv stem, {settings['canvas']}-px canvas, {settings['clutter_size']}-px "
                       f"pieces, {settings['epochs']} epochs, {settings['train_images']} training images, batch "
                       f"{settings['batch_size']}, Adam {settings['lr']:g}, one seed"),
-            "gpu": environment["device"], "torch": environment["torch"], "triton": environment["triton"],
-            "timm": timm.__version__, "avalanche": version("avalanche-lib"), "python": environment["python"],
-            "commit": environment["commit"], "settings": settings, "wall_s": round(wall, 1),
+            **table_header(environment), "timm": timm.__version__, "avalanche": version("avalanche-lib"),
+            "settings": settings, "wall_s": round(wall, 1),
             "units": [{**dataclasses.asdict(unit), **results[unit]} for unit in units], **report,
         })
     return 0

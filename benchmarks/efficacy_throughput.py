@@ -48,7 +48,7 @@ from _harness.efficacy_plan import REGIMES, experience_weights, make_plan, tunin
 from _harness.efficacy_units import load_data, run_unit
 from _harness.measure import gpu_kernel_times_us, sync
 from _harness.options import add_run_flags, checked_device
-from _harness.report import describe_environment, write_json
+from _harness.report import describe_environment, table_header, write_json
 
 PARTS = ("step", "steady", "units")
 WARM_STEPS = 3  # the compiled variants compile in the first step
@@ -250,9 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         regime = "tiny smoke run" if args.tiny else f"{args.regime} regime"
         write_json(args.json, {"title": f"Efficacy study throughput, {regime}, {args.epochs}-epoch units",
-                               "gpu": environment["device"], "torch": environment["torch"],
-                               "triton": environment["triton"], "python": environment["python"],
-                               "commit": environment["commit"], "settings": settings, "columns": columns,
+                               **table_header(environment), "settings": settings, "columns": columns,
                                "rows": rows, "runs": runs})
     return 1 if any("error" in run for run in runs) else 0
 

@@ -30,7 +30,7 @@ if __name__ == "__main__" and "--smoke" in sys.argv:
 import torch  # noqa: E402
 
 from _harness.measure import PeakMemory, free_memory, median_ms, relative_error  # noqa: E402
-from _harness.report import add_json_flag, describe_environment, environment_line, write_json  # noqa: E402
+from _harness.report import add_json_flag, describe_environment, environment_line, table_header, write_json  # noqa: E402
 from cl_streamkl import PooledAttention, pooled_attention, pooled_attention_reference  # noqa: E402
 from cl_streamkl.strategies.pooled_attention import pooled_attention_distance  # noqa: E402
 
@@ -151,9 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json is not None:
         write_json(args.json, {
             "title": f"PAD over {settings['blocks']} blocks, materialised against streamed (bf16, a frozen teacher)",
-            "gpu": environment["device"], "torch": environment["torch"], "triton": environment["triton"],
-            "python": environment["python"], "commit": environment["commit"],
-            "columns": COLUMNS, "rows": rows, "checks": checks, "penalty_differences": differences,
+            **table_header(environment), "columns": COLUMNS, "rows": rows, "checks": checks, "penalty_differences": differences,
         })
     return 0 if all(result["passed"] for result in checks) else 1
 

@@ -50,6 +50,13 @@ def describe_environment(device: torch.device, commit: str | None = None) -> dic
     }
 
 
+def table_header(environment: dict[str, str]) -> dict[str, str]:
+    """A result table's header fields from :func:`describe_environment`: the device named ``gpu``
+    as ``benchmarks/tables.py`` reads it, the versions and the commit."""
+    return {"gpu": environment["device"], "torch": environment["torch"], "triton": environment["triton"],
+            "python": environment["python"], "commit": environment["commit"]}
+
+
 def environment_line(environment: dict[str, str]) -> str:
     """The header line: ``device ... | torch ... | triton ... | python ... | commit ...``."""
     return " | ".join(f"{key} {value}" for key, value in environment.items())
