@@ -37,6 +37,7 @@ import torch
 from torch import nn
 
 from cl_streamkl.capture.extractors import RecordQK, Removable, qk_extractor_for, register_qk_extractor
+from cl_streamkl.capture.layers import find_attention_modules
 from cl_streamkl.capture.recording import MATCH_RTOL, Record, SdpaRecorder, input_signature, qk_error
 
 __all__ = ["compile_model", "compiled_model_checks", "is_compiled"]
@@ -49,8 +50,6 @@ _LISTENERS: weakref.WeakKeyDictionary[nn.Module, list[RecordQK]] = weakref.WeakK
 _CHECKED: weakref.WeakKeyDictionary[nn.Module, set[tuple]] = weakref.WeakKeyDictionary()
 # The largest relative Q/K difference any check has seen (None before the first).
 _WORST_CHECK: list[float | None] = [None]
-# Attention classes whose modules hand over Q/K from a compiled forward.
-_REPLAYED: set[type] = set()
 
 
 def _recording_forward(model: nn.Module, *args: Any, **kwargs: Any) -> tuple[Any, list]:
@@ -123,7 +122,7 @@ def _compiled_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
             # and baselines' forwards outside autocast.
             torch._dynamo.maybe_mark_dynamic(value, 0)
     output, records = _compiled(_recording_forward)(self, *args, **kwargs)
-    attention = [module for module in self.modules() if type(module) in _REPLAYED]
+    attention = find_attention_modules(self)
     name = _ORIGINAL_CLASS[type(self)].__name__
     if len(records) != len(attention):
         raise RuntimeError(f"compile_model: {name} made {len(records)} F.scaled_dot_product_attention calls for "
@@ -198,10 +197,9 @@ def compile_model(model: nn.Module) -> int:
             raise ValueError(f"compile_model: {type(vit).__name__} has dropout ({', '.join(dropout)} with p > 0); "
                              "build it without dropout or run it eager")
         for module in attention:
+            # The class attribute marks the attention of a compiled model (QKCapture reads it too).
             replayed = _subclass(type(module), "Replayed", {"replays_compiled_forward": True})
-            if replayed not in _REPLAYED:
-                _REPLAYED.add(replayed)
-                register_qk_extractor(replayed, _replay_extractor)
+            register_qk_extractor(replayed, _replay_extractor)
             module.__class__ = replayed
         vit.__class__ = _subclass(type(vit), "Compiled", {"forward": _compiled_forward})
         count += 1
@@ -210,7 +208,8 @@ def compile_model(model: nn.Module) -> int:
 
 def is_compiled(model: nn.Module) -> bool:
     """Whether ``model`` holds a vision transformer that :func:`compile_model` compiled."""
-    return any(type(module) in _ORIGINAL_CLASS and type(module) not in _REPLAYED for module in model.modules())
+    return any(type(module) in _ORIGINAL_CLASS and not getattr(module, "replays_compiled_forward", False)
+               for module in model.modules())
 
 
 def compiled_model_checks() -> float | None:
