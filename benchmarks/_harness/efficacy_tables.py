@@ -140,12 +140,12 @@ def conclusion(reports: Sequence[dict[str, Any]]) -> list[str]:
 def summary(reports: Sequence[dict[str, Any]]) -> list[str]:
     """README's section: how far each regime is (while one is unfinished), per scenario stream accuracy
     and forgetting per strategy, then the conclusion."""
+    statuses = "; ".join(status(report) for report in reports)
     if not any(part["runs"] for report in reports for part in report["scenarios"].values()):
-        return ["The study has not been run at these settings yet ("
-                + "; ".join(status(report) for report in reports) + ")."]
+        return [f"The study has not been run at these settings yet ({statuses})."]
     unfinished = any(done < total for report in reports for done, total in report["units"].values())
     # A dash in a table is then a unit not run yet: the status line says how far each regime is.
-    lines = ["Status: " + "; ".join(status(report) for report in reports) + ".", ""] if unfinished else []
+    lines = [f"Status: {statuses}.", ""] if unfinished else []
     for scenario in SCENARIOS:
         lines += [f"**{scenario}-incremental**", "",
                   *strategy_table(reports, scenario, ("stream_accuracy", "forgetting")), ""]

@@ -166,8 +166,8 @@ def seconds_per_weight_of(records: Iterable[dict[str, Any]], plan: dict[str, Any
     for record in records:
         unit = Unit.from_record(record["unit"])
         if unit.scenario in plan["scenarios"]:
-            rate = record["wall_time_s"] / sum(experience_weights(unit, plan))
-            rates[unit_kind(unit)] = max(rate, rates.get(unit_kind(unit), 0.0))
+            kind, rate = unit_kind(unit), record["wall_time_s"] / sum(experience_weights(unit, plan))
+            rates[kind] = max(rate, rates.get(kind, 0.0))
     return rates
 
 
