@@ -40,6 +40,7 @@ from cl_streamkl.capture.recording import MATCH_RTOL, Record, SdpaRecorder, inpu
 
 __all__ = ["CompiledQK", "TeacherQK", "check_compile_options"]
 
+
 @dataclass(frozen=True)
 class TeacherQK:
     """Q/K of the selected blocks of one forward.
