@@ -97,8 +97,9 @@ def _sources(names: Sequence[str], reports: Sequence[dict[str, Any]], document: 
     files = " and ".join(f"[`{name}`]({_link(results / name, document)})" for name in names)
     environments = "; ".join(
         f"{report['settings']['tokens']} tokens: {report['environment']['device']}, torch "
-        f"{report['environment']['torch']}, triton {report['environment']['triton']}, commit "
-        f"`{report['environment']['commit']}`, {report['date']}" for report in reports)
+        f"{report['environment']['torch']}, triton {report['environment']['triton']}, "
+        f"{efficacy_tables.executions(report) or 'commit `' + str(report['environment']['commit']) + '`'}, "
+        f"{report['date']}" for report in reports)
     return f"Source: {files} ({environments})."
 
 

@@ -10,6 +10,7 @@ are done.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +31,31 @@ def status(report: dict[str, Any]) -> str:
     """``1025 tokens: tune 40/104 units, test 0/240 units (plan 0123abcd...)``."""
     units = ", ".join(f"{part} {done}/{total} units" for part, (done, total) in report["units"].items())
     return f"{report['settings']['tokens']} tokens: {units} (plan `{report['plan_fingerprint']}`)"
+
+
+def _part_order(item: tuple[str, int]) -> bool:
+    """Tuning before test, whatever order the units finished in."""
+    return item[0].startswith("test")
+
+
+def executions(report: dict[str, Any]) -> str:
+    """Which commits ran the report's finished units, and how: ``commit `52b3055` (70 tune eager)``.
+
+    A study resumed over several days and machines mixes commits and compile settings; each
+    unit's record names its own, and the line under a table counts them so that a reader sees
+    which paired comparisons ran under which (the study switches settings only between parts).
+    Records written before units named their commit count as ``commit not recorded``.
+    """
+    runs: dict[str | None, Counter[str]] = {}
+    for record in report.get("records", {}).values():
+        execution = record.get("execution") or {}
+        mode = ("compile-model" if execution.get("compile_model") else
+                "compile-layers" if execution.get("compile_layers") else "eager")
+        runs.setdefault(execution.get("commit"), Counter())[f"{record['unit']['part']} {mode}"] += 1
+    return ", ".join(
+        f"{'commit not recorded' if commit is None else f'commit `{commit}`'} ("
+        + ", ".join(f"{count} {what}" for what, count in sorted(counts.items(), key=_part_order)) + ")"
+        for commit, counts in runs.items())
 
 
 def _setting(setting: dict[str, Any]) -> str:

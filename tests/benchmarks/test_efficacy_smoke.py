@@ -39,6 +39,20 @@ def test_a_costly_regime_takes_the_settings_chosen_at_1025_tokens():
     assert len(units) == 4 and dict(units[0].overrides)["lwf_alpha"] == 4.0
 
 
+def test_the_source_line_counts_units_by_commit_and_setting():
+    def record(part, execution):
+        return {"unit": {"part": part}, **({} if execution is None else {"execution": execution})}
+
+    eager, compiled = {"commit": "aaa"}, {"commit": "bbb", "compile_model": True}
+    report = {"records": {str(i): r for i, r in enumerate([
+        record("test", compiled), record("tune", None), record("tune", eager), record("test", compiled),
+        record("tune", {"commit": "bbb", "compile_layers": True})])}}
+    assert efficacy_tables.executions(report) == (
+        "commit `bbb` (1 tune compile-layers, 2 test compile-model), commit not recorded (1 tune eager), "
+        "commit `aaa` (1 tune eager)")
+    assert efficacy_tables.executions({"records": {}}) == ""
+
+
 @pytest.mark.slow
 def test_efficacy_study_tiny(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(efficacy_plan.REGIMES, "short", {
