@@ -35,6 +35,7 @@ import timm
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from cl_streamkl.experiment import cli
@@ -366,6 +367,47 @@ def test_streamkl_plugin_through_a_ddp_wrapper(process_group_of_one):
     # The state names the module's tensors, as a single process's does.
     teacher = plugin.state_dict()["distiller"]["teacher"]
     assert set(teacher) == {name for name, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
+
+
+@pytest.mark.usefixtures("traced_not_generated")
+def test_a_compiled_model_distils_through_a_ddp_wrapper(process_group_of_one):
+    """compile_model under DistributedDataParallel: DDP's gradient hooks fire from the compiled
+    backward, and the plugin's teacher is a compiled snapshot of the module, not of the wrapper."""
+    import copy
+
+    from cl_streamkl.capture import compile_model
+    from cl_streamkl.capture.compiled_model import is_compiled
+
+    torch._dynamo.reset()
+    eager = tiny_vit()
+    compiled = copy.deepcopy(eager)
+    compile_model(compiled)
+    wrapped = DistributedDataParallel(compiled)
+    x, labels = torch.randn(3, 3, 16, 16), torch.tensor([0, 1, 2])
+    perturbation = [0.05 * torch.randn_like(param) for param in eager.parameters()]
+
+    def step(student: torch.nn.Module, module: torch.nn.Module) -> tuple[float, list[torch.Tensor], nn.Module]:
+        plugin = StreamKLPlugin(alpha=1.0, backend="torch")
+        strategy = SimpleNamespace(model=student, mb_x=x, loss=torch.zeros(()))
+        plugin.before_training(strategy)
+        plugin.after_training_exp(strategy)  # the teacher: the module before the perturbation
+        with torch.no_grad():
+            for param, delta in zip(module.parameters(), perturbation, strict=True):
+                param.add_(delta)
+        module.zero_grad()
+        plugin.before_forward(strategy)
+        logits = student(x)
+        plugin.after_forward(strategy)
+        strategy.loss = F.cross_entropy(logits, labels)
+        plugin.before_backward(strategy)
+        strategy.loss.backward()
+        return plugin.last_penalty, [param.grad.clone() for param in module.parameters()], plugin.teacher
+
+    (penalty, grads, teacher), (eager_penalty, eager_grads, _) = step(wrapped, compiled), step(eager, eager)
+    assert is_compiled(teacher) and not isinstance(teacher, DistributedDataParallel)
+    assert penalty == pytest.approx(eager_penalty, rel=1e-5) and penalty > 0
+    for grad, eager_grad in zip(grads, eager_grads, strict=True):
+        torch.testing.assert_close(grad, eager_grad, rtol=1e-4, atol=1e-6)
 
 
 def test_lwf_copies_the_module_inside_a_ddp_wrapper(process_group_of_one):
