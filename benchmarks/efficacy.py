@@ -139,7 +139,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="plan: write the plan only; tune: validation runs; test: test runs (after tuning); "
                              "all: both (default: %(default)s)")
     parser.add_argument("--scenarios", nargs="+", choices=SCENARIOS, default=list(SCENARIOS),
-                        help="scenarios to run now (the plan holds all)")
+                        help="scenarios to run now (the plan holds all, or those of --plan-scenarios)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1),
                         help="worker processes; 0 runs every unit in this process")
@@ -154,6 +154,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="test only these strategies (a costly regime's decisive comparisons; changes the plan)")
     parser.add_argument("--settings-from", type=Path, metavar="REPORT",
                         help="take the chosen settings from another regime's report instead of tuning")
+    parser.add_argument("--plan-scenarios", nargs="+", choices=SCENARIOS, metavar="SCENARIO",
+                        help="the plan holds only these scenarios (a costly regime's: where a cheaper regime showed "
+                             "the effect; changes the plan)")
     parser.add_argument("--max-units", type=int, help="start at most this many units, then stop")
     parser.add_argument("--time-limit", type=float, metavar="MINUTES",
                         help="start no unit and no experience that would end after this many minutes")
@@ -214,8 +217,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     deadline = None if args.time_limit is None else start + 60 * args.time_limit
     val_seeds, test_seeds = DEFAULT_SEEDS[args.regime]
     settings_from = None if args.settings_from is None else json.loads(args.settings_from.read_text())
-    plan = make_plan(args.regime, args.val_seeds or val_seeds, args.seeds or test_seeds, args.epochs,
-                     args.settings_per_method, args.strategies, settings_from)
+    try:
+        plan = make_plan(args.regime, args.val_seeds or val_seeds, args.seeds or test_seeds, args.epochs,
+                         args.settings_per_method, args.strategies, settings_from, args.plan_scenarios)
+    except ValueError as error:
+        print(f"efficacy.py: --settings-from {args.settings_from}: {error}", file=sys.stderr)
+        return 2
     missing = sorted(set(plan["settings"]) - {f.name for f in dataclasses.fields(ExperimentConfig)})
     if missing and args.part != "plan":
         print(f"efficacy.py: regime {args.regime} needs configuration fields this checkout lacks: "

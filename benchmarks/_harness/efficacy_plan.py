@@ -13,6 +13,7 @@ import copy
 import dataclasses
 import hashlib
 import json
+from collections.abc import Sequence
 from typing import Any
 
 SCENARIOS = ("class", "task", "domain")
@@ -111,7 +112,8 @@ def tokens(settings: dict[str, Any]) -> int:
 
 def make_plan(regime: str, val_seeds: list[int], test_seeds: list[int], epochs: int | None = None,
               settings_per_method: int = SETTINGS_PER_METHOD, strategies: list[str] | None = None,
-              settings_from: dict[str, Any] | None = None) -> dict[str, Any]:
+              settings_from: dict[str, Any] | None = None,
+              scenarios: Sequence[str] | None = None) -> dict[str, Any]:
     """The whole study as JSON: regime, seeds, every scenario's grids and tested strategies.
 
     Args:
@@ -122,12 +124,23 @@ def make_plan(regime: str, val_seeds: list[int], test_seeds: list[int], epochs: 
         strategies: test only these strategies (the decisive comparisons of a costly regime).
         settings_from: another regime's report; its chosen settings replace tuning in every
             scenario where it finished tuning (the others are left out of the plan).
+        scenarios: only these scenarios (a costly regime runs the scenario where a cheaper one
+            showed the effect); all of :data:`SCENARIOS` by default.
+
+    Raises:
+        ValueError: a scenario named in ``scenarios`` has no chosen settings in ``settings_from``.
     """
     settings = dict(REGIMES[regime])
     if epochs is not None:
         settings["epochs"] = epochs
-    scenarios = {}
+    if settings_from is not None:
+        unfinished = [name for name in scenarios or () if settings_from["scenarios"][name]["chosen"] is None]
+        if unfinished:
+            raise ValueError(f"the report's tuning of {', '.join(unfinished)} is not finished")
+    parts = {}
     for scenario in SCENARIOS:
+        if scenarios is not None and scenario not in scenarios:
+            continue
         tested = {arm: [name for name in names if strategies is None or name in strategies]
                   for arm, names in TESTED[scenario].items()}
         part: dict[str, Any] = {"options": SCENARIO_OPTIONS[scenario],
@@ -141,10 +154,10 @@ def make_plan(regime: str, val_seeds: list[int], test_seeds: list[int], epochs: 
                                    "chosen": settings_from["scenarios"][scenario]["chosen"]}
         else:
             continue
-        scenarios[scenario] = part
+        parts[scenario] = part
     return {"regime": regime, "settings": settings, "tokens": tokens(settings), "pad_variant": PAD_VARIANT,
             "arms": ARMS, "val_seeds": list(val_seeds), "test_seeds": list(test_seeds), "selection": SELECTION,
-            "scenarios": scenarios}
+            "scenarios": parts}
 
 
 def fingerprint(plan: dict[str, Any]) -> str:

@@ -39,6 +39,30 @@ def test_a_costly_regime_takes_the_settings_chosen_at_1025_tokens():
     assert len(units) == 4 and dict(units[0].overrides)["lwf_alpha"] == 4.0
 
 
+def test_a_costly_regime_plans_only_the_scenarios_named(tmp_path, capsys):
+    chosen = {"streamkl": {"alpha": 1.0}}
+    report = {"plan_fingerprint": "f" * 16, "scenarios": {
+        "class": {"chosen": chosen}, "task": {"chosen": chosen}, "domain": {"chosen": None}}}
+    both = efficacy_plan.make_plan("long4097", [100, 101], [200, 201], strategies=["streamkl"], settings_from=report)
+    plan = efficacy_plan.make_plan("long4097", [100, 101], [200, 201], strategies=["streamkl"], settings_from=report,
+                                   scenarios=["task"])
+    assert list(both["scenarios"]) == ["class", "task"] and list(plan["scenarios"]) == ["task"]
+    assert efficacy_plan.fingerprint(plan) != efficacy_plan.fingerprint(both)
+    with pytest.raises(ValueError, match="tuning of domain is not finished"):
+        efficacy_plan.make_plan("long4097", [100, 101], [200, 201], settings_from=report, scenarios=["task", "domain"])
+    path = tmp_path / "long.json"
+    path.write_text(json.dumps(report))
+    out = tmp_path / "runs"
+    assert efficacy.main(["--regime", "long4097", "--part", "plan", "--settings-from", str(path),
+                          "--plan-scenarios", "domain", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"efficacy.py: --settings-from {path}: the report's tuning of domain is not finished")
+    assert not out.exists()
+    assert efficacy.main(["--regime", "long4097", "--part", "plan", "--settings-from", str(path),
+                          "--plan-scenarios", "task", "--strategies", "streamkl", "--out", str(out)]) == 0
+    assert list(json.loads((out / "plan.json").read_text())["scenarios"]) == ["task"]
+
+
 def test_the_source_line_counts_units_by_commit_and_setting():
     def record(part, execution):
         return {"unit": {"part": part}, **({} if execution is None else {"execution": execution})}
