@@ -146,16 +146,23 @@ def tuning_table(report: dict[str, Any], scenario: str) -> list[str]:
 
 
 def conclusion(reports: Sequence[dict[str, Any]]) -> list[str]:
-    """One line per scenario: the StreamKL comparisons whose Holm-adjusted p is below 0.05, per regime."""
+    """One line per scenario: the StreamKL comparisons whose Holm-adjusted p is below 0.05, per regime.
+
+    Holm's family is every paired comparison of a regime's report, so while its test part is
+    unfinished the family is smaller than it will be and the adjusted p-values are too small:
+    such a regime's findings are marked interim.
+    """
     lines = []
     for scenario in SCENARIOS:
         found = []
         for report in reports:
+            done, total = report["units"]["test"]
+            interim = f", interim: {done}/{total} test units" if done < total else ""
             for entry in _part(report, scenario)["paired"]:
                 holm = entry["p_holm"]
                 if "streamkl" in entry["strategy"] and holm is not None and holm < HOLM_LEVEL:
                     found.append(f"{entry['strategy']} − {entry['baseline']} {TITLES[entry['metric']]} "
-                                 f"{entry['mean_diff']:+.1f} pp (p {holm:.2g}, {report['settings']['tokens']} tok.)")
+                                 f"{entry['mean_diff']:+.1f} pp (p {holm:.2g}, {report['settings']['tokens']} tok.{interim})")
         runs = any(_part(report, scenario)["runs"] for report in reports)
         text = ("not run yet" if not runs else
                 "; ".join(found) if found else "no StreamKL difference survives Holm's correction")

@@ -63,6 +63,21 @@ def test_a_costly_regime_plans_only_the_scenarios_named(tmp_path, capsys):
     assert list(json.loads((out / "plan.json").read_text())["scenarios"]) == ["task"]
 
 
+def test_findings_of_an_unfinished_regime_are_marked_interim():
+    entry = {"strategy": "streamkl", "baseline": "naive", "metric": "stream_accuracy", "mean_diff": 9.8,
+             "p_holm": 0.046}
+    not_significant = {**entry, "strategy": "lwf+streamkl", "baseline": "lwf", "p_holm": 0.2}
+
+    def report(tokens, done, total):
+        return {"settings": {"tokens": tokens}, "units": {"tune": [4, 4], "test": [done, total]},
+                "scenarios": {"task": {"paired": [entry, not_significant], "runs": [{}]}}}
+
+    lines = efficacy_tables.conclusion([report(17, 8, 8), report(1025, 52, 240)])
+    assert lines[1] == ("- task-incremental: streamkl − naive stream acc +9.8 pp (p 0.046, 17 tok.); "
+                        "streamkl − naive stream acc +9.8 pp (p 0.046, 1025 tok., interim: 52/240 test units).")
+    assert lines[0] == "- class-incremental: not run yet."
+
+
 def test_the_source_line_counts_units_by_commit_and_setting():
     def record(part, execution):
         return {"unit": {"part": part}, **({} if execution is None else {"execution": execution})}
