@@ -78,6 +78,40 @@ def test_findings_of_an_unfinished_regime_are_marked_interim():
     assert lines[0] == "- class-incremental: not run yet."
 
 
+def test_the_goal_is_judged_from_the_long_token_reports():
+    def entry(strategy, baseline, metric, diff, p_holm=0.01, n=8):
+        return {"strategy": strategy, "baseline": baseline, "metric": metric, "mean_diff": diff, "p_holm": p_holm,
+                "n": n}
+
+    def report(regime, done, scenarios):
+        return {"regime": regime, "settings": {"tokens": 1025 if regime == "long" else 4097},
+                "units": {"tune": [4, 4], "test": [done, 240]},
+                "scenarios": {name: {"paired": paired, "runs": [{}]} for name, paired in scenarios.items()}}
+
+    long = report("long", 240, {
+        "task": [entry("streamkl", "naive", "stream_accuracy", 9.8),
+                 entry("lwf+streamkl", "lwf", "forgetting", 2.0),  # StreamKL more forgetful: no gain
+                 entry("pad", "naive", "stream_accuracy", 12.0),  # no StreamKL in it
+                 entry("lwf+streamkl", "lwf+pad", "stream_accuracy", -5.0)],  # worse than PAD
+        "class": [entry("replay+streamkl (mem200)", "replay (mem200)", "forgetting", -4.0),
+                  entry("streamkl", "naive", "learning_accuracy", 3.0)],  # not a goal metric
+        "domain": [entry("streamkl", "naive", "stream_accuracy", 3.0, n=5),  # too few seeds
+                   entry("streamkl", "naive", "forgetting", -3.0, p_holm=0.06)]})
+    lines = efficacy_tables.goal([long])
+    assert lines == [
+        ("- 1025 tokens: StreamKL gains (2 of the 2 scenarios needed, met): class: replay+streamkl (mem200) − "
+         "replay (mem200) forgetting -4.0 pp (p 0.01, 8 seeds); task: streamkl − naive stream acc +9.8 pp "
+         "(p 0.01, 8 seeds). Significantly worse than PAD: task: lwf+streamkl − lwf+pad stream acc -5.0 pp "
+         "(p 0.01, 8 seeds)."),
+        "- 4097 tokens: not run yet."]
+    long4097 = report("long4097", 25, {"task": [entry("streamkl", "naive", "stream_accuracy", 4.0, p_holm=0.2, n=5)]})
+    assert efficacy_tables.goal([long, long4097])[1] == (
+        "- 4097 tokens (interim: 25/240 test units): StreamKL gains (0 of the 1 gains seen at 1025 tokens hold): "
+        "none. Nowhere significantly worse than PAD.")
+    half = report("long", 52, {"task": long["scenarios"]["task"]["paired"][:1]})
+    assert "(1 of the 2 scenarios needed, so far)" in efficacy_tables.goal([half])[0]
+
+
 def test_the_source_line_counts_units_by_commit_and_setting():
     def record(part, execution):
         return {"unit": {"part": part}, **({} if execution is None else {"execution": execution})}
