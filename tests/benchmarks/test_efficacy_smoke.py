@@ -92,6 +92,7 @@ def test_the_goal_is_judged_from_the_long_token_reports():
         "task": [entry("streamkl", "naive", "stream_accuracy", 9.8),
                  entry("lwf+streamkl", "lwf", "forgetting", 2.0),  # StreamKL more forgetful: no gain
                  entry("pad", "naive", "stream_accuracy", 12.0),  # no StreamKL in it
+                 entry("ewc+streamkl", "ewc", "stream_accuracy", 8.0),  # not one of the goal's bases
                  entry("lwf+streamkl", "lwf+pad", "stream_accuracy", -5.0)],  # worse than PAD
         "class": [entry("replay+streamkl (mem200)", "replay (mem200)", "forgetting", -4.0),
                   entry("streamkl", "naive", "learning_accuracy", 3.0)],  # not a goal metric
