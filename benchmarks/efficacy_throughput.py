@@ -8,6 +8,10 @@ batch 32, bf16 autocast, the 4-block 64-wide ViT with early convolutions):
   (``torch.profiler``), eager, with ``--compile-layers`` (layer norms and MLPs compiled), with
   ``--compile-model`` (the whole ViT compiled, Q/K recorded for capture) and the whole model
   through a plain ``torch.compile`` (what compiling everything reaches without Q/K capture).
+  ``--penalties streamkl pad`` also times the step with the study's attention distillation
+  (the plugin's teacher forward, capture and penalty, alpha 1, every block; PAD the published
+  asymmetric variant, streamed): what each adds to a step, and the kernels that take the most
+  time in each (kept in the report).
 - ``steady``: P processes train the same way at once, timed only after every one has warmed
   up (compiled): the wall time per step of all processes together, the steady-state rate of
   the study's workers, which the ``units`` part mixes with each process's compile time.
@@ -26,6 +30,8 @@ Run from the repository root::
 
     PYTHONPATH=. python benchmarks/efficacy_throughput.py --device cuda --parts step units --processes 14 \\
         --epochs 6 --variants eager compile-model --json benchmarks/results/study-throughput.json
+    PYTHONPATH=. python benchmarks/efficacy_throughput.py --device cuda --parts step --variants eager compile-model \
+        --penalties none streamkl pad --json benchmarks/results/study-step-penalties.json
     PYTHONPATH=. python benchmarks/efficacy_throughput.py --tiny --device cpu   # smoke run
 """
 
@@ -39,11 +45,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-
 from _harness.efficacy_plan import REGIMES, experience_weights, make_plan, tuning_units
 from _harness.efficacy_units import load_data, run_unit
 from _harness.measure import gpu_kernel_times_us, sync
@@ -55,6 +61,9 @@ WARM_STEPS = 3  # the compiled variants compile in the first step
 STEP_VARIANTS = ("eager", "compile-layers", "compile-model", "whole model compiled")
 # The variants a study unit can run as (efficacy.py's flags), and what each sets.
 UNIT_VARIANTS = {"eager": {}, "compile-layers": {"compile_layers": True}, "compile-model": {"compile_model": True}}
+# Attention distillation a step can carry (``--penalties``): none, or a plugin of the study's.
+PENALTIES = ("none", "streamkl", "pad")
+TOP_KERNELS = 15  # the kernels a step's record keeps, by time
 # A smoke run: the short regime's data at 8 px, a 1-block 16-wide model, one epoch.
 TINY = {"dataset": "digits", "image_size": 8, "patch_size": 4, "stem": "patch", "batch_size": 16, "amp": "none",
         "model_kwargs": {"depth": 1, "embed_dim": 16, "num_heads": 2}}
@@ -70,8 +79,22 @@ def _model(settings: dict[str, Any], device: torch.device) -> torch.nn.Module:
                        stem=settings.get("stem", "patch")).to(device)
 
 
-def _training_step(settings: dict[str, Any], variant: str, device: torch.device) -> Callable[[], None]:
-    """One training step (forward, cross-entropy, backward, Adam) of ``variant`` on a fixed batch."""
+def _plugin(penalty: str) -> Any:
+    """The study's distillation plugin for ``penalty`` (see :data:`PENALTIES`); None for ``none``."""
+    from _harness.efficacy_plan import PAD_VARIANT
+
+    from cl_streamkl.strategies import PADPlugin, StreamKLPlugin
+
+    if penalty == "none":
+        return None
+    return StreamKLPlugin(alpha=1.0) if penalty == "streamkl" else PADPlugin(alpha=1.0, variant=PAD_VARIANT)
+
+
+def _training_step(settings: dict[str, Any], variant: str, device: torch.device,
+                   penalty: str = "none") -> Callable[[], None]:
+    """One training step (forward, cross-entropy, backward, Adam) of ``variant`` on a fixed batch,
+    with ``penalty``'s plugin called where the study's template calls it (teacher and forward under
+    autocast, the penalty added before backward) against a snapshot of the model as teacher."""
     from cl_streamkl.capture import compile_model
     from cl_streamkl.experiment.compiled_layers import compile_layers
     from cl_streamkl.experiment.template import autocast
@@ -86,23 +109,37 @@ def _training_step(settings: dict[str, Any], variant: str, device: torch.device)
     size = settings["image_size"]
     images = torch.randn(settings["batch_size"], 1, size, size, device=device)
     labels = torch.randint(0, 10, (settings["batch_size"],), device=device)
+    plugin = _plugin(penalty)
+    strategy = SimpleNamespace(model=model, mb_x=images, loss=None)
+    if plugin is not None:
+        plugin.before_training(strategy)
+        plugin.after_training_exp(strategy)  # the teacher: a frozen snapshot, as after an experience
 
     def step() -> None:
         with autocast(device, settings["amp"]):
-            loss = F.cross_entropy(forward(images), labels)
-        loss.backward()
+            if plugin is not None:
+                plugin.before_forward(strategy)
+            logits = forward(images)
+        if plugin is not None:
+            plugin.after_forward(strategy)
+        strategy.loss = F.cross_entropy(logits, labels)
+        if plugin is not None:
+            plugin.before_backward(strategy)
+        strategy.loss.backward()
         optimizer.step()
         optimizer.zero_grad()
 
     return step
 
 
-def step_times(settings: dict[str, Any], variant: str, device: torch.device, steps: int) -> dict[str, float | None]:
-    """Wall and GPU kernel milliseconds per training step of one variant (see :data:`STEP_VARIANTS`).
+def step_times(settings: dict[str, Any], variant: str, device: torch.device, steps: int,
+               penalty: str = "none") -> dict[str, Any]:
+    """Wall and GPU kernel milliseconds per training step of one variant (see :data:`STEP_VARIANTS`)
+    with ``penalty``, and (CUDA) the :data:`TOP_KERNELS` kernels with the most time, microseconds per step.
 
-    The kernel time is None off CUDA.
+    The kernel times are None off CUDA.
     """
-    step = _training_step(settings, variant, device)
+    step = _training_step(settings, variant, device, penalty)
     start = time.perf_counter()
     for _ in range(WARM_STEPS):  # compiles here
         step()
@@ -113,8 +150,10 @@ def step_times(settings: dict[str, Any], variant: str, device: torch.device, ste
         step()
     sync(device)
     wall_ms = 1e3 * (time.perf_counter() - start) / steps
-    kernel_ms = sum(gpu_kernel_times_us(step).values()) / 1e3 if device.type == "cuda" else None
-    return {"wall_ms": wall_ms, "kernel_ms": kernel_ms, "first_steps_s": first_s}
+    kernels = gpu_kernel_times_us(step) if device.type == "cuda" else None
+    top = None if kernels is None else dict(sorted(kernels.items(), key=lambda item: -item[1])[:TOP_KERNELS])
+    return {"penalty": penalty, "wall_ms": wall_ms, "kernel_ms": None if kernels is None else sum(kernels.values()) / 1e3,
+            "first_steps_s": first_s, "top_kernels_us": top}
 
 
 def _steady_steps(settings: dict[str, Any], variant: str, device: str, steps: int, ready: Any) -> tuple[float, float]:
@@ -176,13 +215,16 @@ def units_per_minute(regime: str, settings: dict[str, Any], processes: int, epoc
             "cpu_s": sum(r["cpu_s"] for r in results) / processes, "units": results}
 
 
-def _measured(part: str, variant: str, processes: int, measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+def _measured(part: str, variant: str, processes: int, measure: Callable[[], dict[str, Any]],
+              penalty: str = "none") -> dict[str, Any]:
     """One measurement's run record; a failure is recorded and reported, and the others go on."""
     try:
         result = measure()
     except Exception as err:  # a variant that fails to compile must not cost a GPU call the other numbers
-        print(f"{part} {variant} with {processes} process(es) failed: {type(err).__name__}: {err}", file=sys.stderr)
-        return {"part": part, "variant": variant, "processes": processes, "error": f"{type(err).__name__}: {err}"}
+        name = variant if penalty == "none" else f"{variant} + {penalty}"
+        print(f"{part} {name} with {processes} process(es) failed: {type(err).__name__}: {err}", file=sys.stderr)
+        return {"part": part, "variant": variant, "penalty": penalty, "processes": processes,
+                "error": f"{type(err).__name__}: {err}"}
     return {"part": part, "variant": variant, "processes": processes, **result}
 
 
@@ -191,7 +233,9 @@ def _row(run: dict[str, Any]) -> list[Any]:
     if run["part"] == "units":
         return ["units", run["variant"], run["processes"], None, None, run["units_per_min"],
                 run["steady_units_per_min"], run["cpu_s"] / run["train_s"]]
-    return [run["part"], run["variant"], run["processes"], run["wall_ms"], run.get("kernel_ms"), None, None, None]
+    penalty = run.get("penalty", "none")
+    variant = run["variant"] if penalty == "none" else f"{run['variant']} + {penalty}"
+    return [run["part"], variant, run["processes"], run["wall_ms"], run.get("kernel_ms"), None, None, None]
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -205,6 +249,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, default=1, help="epochs per experience of each unit (default: 1)")
     parser.add_argument("--variants", nargs="+", choices=STEP_VARIANTS, default=list(STEP_VARIANTS),
                         help="what to measure (units: all but the plain whole-model compile; default: all)")
+    parser.add_argument("--penalties", nargs="+", choices=PENALTIES, default=["none"],
+                        help="step part: also with the study's attention distillation (default: none)")
     parser.add_argument("--tiny", action="store_true", help="a smoke run: 8-px digits, a 1-block 16-wide model")
     add_run_flags(parser)
     args = parser.parse_args(argv)
@@ -226,7 +272,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs = []
     if "step" in args.parts:
         for variant in args.variants:
-            runs.append(_measured("step", variant, 1, lambda: step_times(settings, variant, args.device, args.steps)))
+            for penalty in args.penalties:
+                runs.append(_measured("step", variant, 1, lambda: step_times(
+                    settings, variant, args.device, args.steps, penalty), penalty))
     if "steady" in args.parts:
         for variant in args.variants:
             for processes in args.processes:

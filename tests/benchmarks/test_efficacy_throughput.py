@@ -38,6 +38,38 @@ def test_steady_steps_time_every_process_after_all_warmed_up():
 
 
 @pytest.mark.usefixtures("traced_not_generated")
+def test_a_step_is_timed_with_each_distillation_penalty(tmp_path, monkeypatch):
+    penalties = []
+    real = throughput._plugin
+
+    def plugin(penalty):
+        made = real(penalty)
+        penalties.append(None if made is None else type(made).__name__)
+        if made is not None:
+            def counted(strategy, real_hook=made.before_backward):
+                real_hook(strategy)
+                calls.append(made.last_penalty)
+            made.before_backward = counted
+        return made
+
+    calls = []
+    monkeypatch.setattr(throughput, "_plugin", plugin)
+    path = tmp_path / "throughput.json"
+    assert throughput.main(["--tiny", "--device", "cpu", "--parts", "step", "--variants", "eager", "compile-model",
+                            "--penalties", "none", "streamkl", "pad", "--steps", "2", "--json", str(path)]) == 0
+    report = json.loads(path.read_text())
+    assert [row[1] for row in report["rows"]] == [
+        "eager", "eager + streamkl", "eager + pad", "compile-model", "compile-model + streamkl", "compile-model + pad"]
+    assert penalties == [None, "StreamKLPlugin", "PADPlugin"] * 2
+    # Every step of a distilling variant added its penalty (3 warm-up and 2 timed steps): zero at the
+    # first, where the student still equals its snapshot, then positive as Adam moves it.
+    assert len(calls) == 4 * 5
+    for run in range(4):
+        assert calls[5 * run] == 0 and all(value > 0 for value in calls[5 * run + 1:5 * run + 5])
+    assert all(run["top_kernels_us"] is None and run["wall_ms"] > 0 for run in report["runs"])  # no CUDA here
+
+
+@pytest.mark.usefixtures("traced_not_generated")
 def test_the_compiled_model_variant_times_a_step(tmp_path):
     path = tmp_path / "throughput.json"
     assert throughput.main(["--tiny", "--device", "cpu", "--parts", "step", "--variants", "compile-model",
@@ -49,10 +81,10 @@ def test_the_compiled_model_variant_times_a_step(tmp_path):
 def test_a_failing_variant_is_reported_and_the_others_measured(tmp_path, monkeypatch, capsys):
     real = throughput.step_times
 
-    def step_times(settings, variant, device, steps):
+    def step_times(settings, variant, device, steps, penalty):
         if variant == "compile-layers":
             raise RuntimeError("no compiler")
-        return real(settings, variant, device, steps)
+        return real(settings, variant, device, steps, penalty)
 
     monkeypatch.setattr(throughput, "step_times", step_times)
     path = tmp_path / "throughput.json"
