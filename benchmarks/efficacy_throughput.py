@@ -11,7 +11,7 @@ batch 32, bf16 autocast, the 4-block 64-wide ViT with early convolutions):
   ``--penalties streamkl pad`` also times the step with the study's attention distillation
   (the plugin's teacher forward, capture and penalty, alpha 1, every block; PAD the published
   asymmetric variant, streamed): what each adds to a step, and the kernels that take the most
-  time in each (kept in the report).
+  time in each (kept in the report); the ``steady`` part takes the same penalties.
 - ``steady``: P processes train the same way at once, timed only after every one has warmed
   up (compiled): the wall time per step of all processes together, the steady-state rate of
   the study's workers, which the ``units`` part mixes with each process's compile time.
@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import functools
 import multiprocessing
 import os
 import sys
@@ -156,10 +157,11 @@ def step_times(settings: dict[str, Any], variant: str, device: torch.device, ste
             "first_steps_s": first_s, "top_kernels_us": top}
 
 
-def _steady_steps(settings: dict[str, Any], variant: str, device: str, steps: int, ready: Any) -> tuple[float, float]:
+def _steady_steps(settings: dict[str, Any], variant: str, device: str, steps: int, ready: Any,
+                  penalty: str) -> tuple[float, float]:
     """One process of :func:`concurrent_steps`: warm up (compile), wait for all, time ``steps`` steps."""
     torch.set_num_threads(1)
-    step = _training_step(settings, variant, torch.device(device))
+    step = _training_step(settings, variant, torch.device(device), penalty)
     for _ in range(WARM_STEPS):
         step()
     sync(torch.device(device))
@@ -171,16 +173,17 @@ def _steady_steps(settings: dict[str, Any], variant: str, device: str, steps: in
     return start, time.time()
 
 
-def concurrent_steps(settings: dict[str, Any], variant: str, processes: int, steps: int, device: str) -> dict[str, Any]:
+def concurrent_steps(settings: dict[str, Any], variant: str, processes: int, steps: int, device: str,
+                     penalty: str = "none") -> dict[str, Any]:
     """``processes`` processes training at once after all have warmed up: the steady state of the study's
     workers without their compile time. ``wall_ms`` is the wall time per step of all processes together."""
     context = multiprocessing.get_context("spawn")
     with context.Manager() as manager, concurrent.futures.ProcessPoolExecutor(processes, mp_context=context) as pool:
         ready = manager.Barrier(processes)
         spans = list(pool.map(_steady_steps, [settings] * processes, [variant] * processes, [device] * processes,
-                              [steps] * processes, [ready] * processes))
+                              [steps] * processes, [ready] * processes, [penalty] * processes))
     wall_s = max(end for _, end in spans) - min(start for start, _ in spans)
-    return {"processes": processes, "steps": steps, "wall_ms": 1e3 * wall_s / (processes * steps)}
+    return {"processes": processes, "penalty": penalty, "steps": steps, "wall_ms": 1e3 * wall_s / (processes * steps)}
 
 
 def _one_unit(index: int, regime: str, settings: dict[str, Any], epochs: int, device: str,
@@ -250,7 +253,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--variants", nargs="+", choices=STEP_VARIANTS, default=list(STEP_VARIANTS),
                         help="what to measure (units: all but the plain whole-model compile; default: all)")
     parser.add_argument("--penalties", nargs="+", choices=PENALTIES, default=["none"],
-                        help="step part: also with the study's attention distillation (default: none)")
+                        help="step and steady parts: also with the study's attention distillation (default: none)")
     parser.add_argument("--tiny", action="store_true", help="a smoke run: 8-px digits, a 1-block 16-wide model")
     add_run_flags(parser)
     args = parser.parse_args(argv)
@@ -273,18 +276,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "step" in args.parts:
         for variant in args.variants:
             for penalty in args.penalties:
-                runs.append(_measured("step", variant, 1, lambda: step_times(
-                    settings, variant, args.device, args.steps, penalty), penalty))
+                runs.append(_measured("step", variant, 1, functools.partial(
+                    step_times, settings, variant, args.device, args.steps, penalty), penalty))
     if "steady" in args.parts:
         for variant in args.variants:
-            for processes in args.processes:
-                runs.append(_measured("steady", variant, processes, lambda: concurrent_steps(
-                    settings, variant, processes, args.steps, args.device.type)))
+            for penalty in args.penalties:
+                for processes in args.processes:
+                    runs.append(_measured("steady", variant, processes, functools.partial(
+                        concurrent_steps, settings, variant, processes, args.steps, args.device.type, penalty),
+                        penalty))
     if "units" in args.parts:
         for variant in [variant for variant in args.variants if variant in UNIT_VARIANTS]:
             for processes in args.processes:
-                runs.append(_measured("units", variant, processes, lambda: units_per_minute(
-                    args.regime, settings, processes, args.epochs, args.device.type, variant)))
+                runs.append(_measured("units", variant, processes, functools.partial(
+                    units_per_minute, args.regime, settings, processes, args.epochs, args.device.type, variant)))
     rows = [_row(run) for run in runs if "error" not in run]
     columns = [{"name": "measure"}, {"name": "variant"}, {"name": "processes", "align": "right", "format": "d"},
                {"name": "step wall (ms)", "align": "right", "format": ".2f"},

@@ -35,6 +35,8 @@ def test_steady_steps_time_every_process_after_all_warmed_up():
     settings = {**throughput.REGIMES["short"], **throughput.TINY}
     result = throughput.concurrent_steps(settings, "eager", 2, 3, "cpu")
     assert result["processes"] == 2 and result["steps"] == 3 and result["wall_ms"] > 0
+    distilling = throughput.concurrent_steps(settings, "eager", 2, 3, "cpu", "streamkl")
+    assert distilling["wall_ms"] > 0
 
 
 @pytest.mark.usefixtures("traced_not_generated")
