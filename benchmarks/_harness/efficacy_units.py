@@ -26,17 +26,38 @@ from cl_streamkl.experiment.config import ExperimentConfig
 
 # Seconds per unit of experience weight (:func:`experience_weights`: one pass over all
 # classes' data) a worker has seen at most per kind of unit (:func:`unit_kind`), at first from
-# finished units: a unit does not start unless all of it would end before the deadline, and a
-# running one stops after an experience when the next would not, so a time-limited start
-# leaves no unit half done unless an estimate was wrong. Per kind, because kinds differ two-fold
-# (a domain StreamKL unit against a task LwF one): one rate for all would let a start's last
-# minutes, which fit a cheap unit, go unused.
+# finished units: a unit does not start unless all it has left would end before the deadline,
+# and a running one stops after an experience when the next would not, so a time-limited start
+# leaves no unit half done unless an estimate was wrong. A unit longer than a whole start (4097
+# tokens on a ten-minute machine call) starts whenever its next experience fits, and goes on in
+# the next starts from its checkpoints. Per kind, because kinds differ two-fold (a domain
+# StreamKL unit against a task LwF one): one rate for all would let a start's last minutes,
+# which fit a cheap unit, go unused.
 _seconds_per_weight: dict[tuple[str, str, str], float] = {}
 _splits_cache: dict[str, Any] = {}
 
 
 class _OutOfTime(Exception):
     """Raised after a checkpointed experience when the next one would pass the deadline."""
+
+
+def _progress_path(root: str, unit: Unit) -> Path:
+    """How many experiences an unfinished unit has checkpointed, beside its run folder (archived with it)."""
+    return Path(root) / "runs" / f"{unit.name}.trained"
+
+
+def may_start(seconds_per_weight: float, left: Sequence[float], whole: float, deadline: float,
+              start_seconds: float | None) -> bool:
+    """Whether a unit starts now, given its experiences' weights ``left`` to train (``whole``: all of them).
+
+    Yes when all that is left would end before ``deadline``; or, for a unit longer than a
+    whole start of ``start_seconds``, when its next experience would.
+    """
+    now = time.time()
+    if now + seconds_per_weight * sum(left) <= deadline:
+        return True
+    return (start_seconds is not None and seconds_per_weight * whole > start_seconds
+            and now + seconds_per_weight * left[0] <= deadline)
 
 
 def init_worker(threads: int, gpus: int, counter: Any) -> None:
@@ -71,11 +92,13 @@ def load_data(unit: Unit, plan: dict[str, Any], config: Any = None) -> Any:
 
 
 def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline: float | None,
-             seconds_per_weight: float = 0.0, execution: dict[str, Any] | None = None) -> dict[str, Any] | None:
+             seconds_per_weight: float = 0.0, execution: dict[str, Any] | None = None,
+             start_seconds: float | None = None) -> dict[str, Any] | None:
     """Train one unit and return its record (read back when done); None when stopped by the deadline.
 
     ``seconds_per_weight``: an experience's expected seconds per unit of its weight, at least
-    (:func:`seconds_per_weight_of`).
+    (:func:`seconds_per_weight_of`). ``start_seconds``: how long a whole start lasts
+    (``--time-limit``), to tell a unit that needs several starts (see :func:`may_start`).
     ``execution``: how this start runs units, recorded with each (``commit``, ``device``, and
     ``compile_layers``, ``compile_model``: configuration that changes rounding only, so not part
     of the plan). The record's ``experience_s`` holds [experience number, seconds] of each
@@ -90,9 +113,15 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
     if record.is_file():
         return json.loads(record.read_text())
     weights = experience_weights(unit, plan)
-    if deadline is not None and time.time() + _seconds_per_weight[kind] * sum(weights) > deadline:
+    out, progress = Path(root) / "runs" / unit.name, _progress_path(root, unit)
+    trained = int(progress.read_text()) if out.exists() and progress.is_file() else 0
+    rate = _seconds_per_weight[kind]
+    if deadline is not None and not may_start(rate, weights[trained:], sum(weights), deadline, start_seconds):
+        if start_seconds is not None and rate * weights[trained] > start_seconds:
+            print(f"efficacy.py: unit {unit.name}: its next experience needs about {rate * weights[trained]:.0f} s, "
+                  f"more than a whole start ({start_seconds:.0f} s); it cannot run under this --time-limit",
+                  file=sys.stderr, flush=True)
         return None
-    out = Path(root) / "runs" / unit.name
     config = ExperimentConfig.from_dict({**unit.config_fields(plan), "device": device, "out": str(out),
                                          "compile_layers": bool(execution.get("compile_layers")),
                                          "compile_model": bool(execution.get("compile_model"))}).resolved()
@@ -109,6 +138,9 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
             done, following = sum(weights), 0.0
         seconds.append([trained, now - last])
         _seconds_per_weight[kind], last = max(_seconds_per_weight[kind], (now - last) / done), now
+        if count == len(weights):
+            progress.parent.mkdir(parents=True, exist_ok=True)
+            progress.write_text(f"{trained}\n")
         if deadline is not None and following and time.time() + _seconds_per_weight[kind] * following > deadline:
             raise _OutOfTime
 
@@ -125,6 +157,7 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
     partial.write_text(json.dumps(payload) + "\n")
     os.replace(partial, record)
     shutil.rmtree(out, ignore_errors=True)  # its checkpoint is no longer needed
+    progress.unlink(missing_ok=True)
     return payload
 
 
@@ -185,8 +218,9 @@ def run_units(units: Sequence[Unit], pool: concurrent.futures.Executor, plan: di
     archive).
     """
     rates = seconds_per_weight_of(finished_records(args.out).values(), plan)
+    start_seconds = None if args.time_limit is None else 60 * args.time_limit
     futures = {pool.submit(run_unit, unit, plan, args.device, str(args.out), deadline, estimate_for(unit, rates),
-                           args.execution): unit for unit in units}
+                           args.execution, start_seconds): unit for unit in units}
     finished = stopped = failed = 0
     for future in concurrent.futures.as_completed(futures):
         unit = futures[future]

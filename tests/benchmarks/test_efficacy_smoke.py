@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import time
 import types
 
 import pytest
@@ -127,6 +128,54 @@ def test_the_source_line_counts_units_by_commit_and_setting():
     assert efficacy_tables.executions({"records": {}}) == ""
 
 
+TINY_SHORT = {"dataset": "digits", "image_size": 16, "patch_size": 8, "epochs": 1, "batch_size": 64, "amp": "none",
+              "model_kwargs": {"depth": 1, "embed_dim": 16, "num_heads": 2}}
+
+
+def test_a_unit_longer_than_a_start_runs_over_several_starts(tmp_path, monkeypatch, capsys):
+    """Units that cannot finish within one --time-limit (4097 tokens) start when their next experience
+    fits and resume from their checkpoints, judged on what is left; an experience longer than a
+    whole start is refused in one line. The clock is a list: each reading takes the next value."""
+    monkeypatch.setitem(efficacy_plan.REGIMES, "short", TINY_SHORT)
+    plan = efficacy_plan.make_plan("short", [7, 8], [0, 1], settings_per_method=1)
+    unit = next(u for u in efficacy_plan.tuning_units(plan, "class") if u.strategy == "pad")
+    assert efficacy_plan.experience_weights(unit, plan) == pytest.approx([0.6, 0.2, 0.2])
+    readings = []
+    monkeypatch.setattr(efficacy_units, "time", types.SimpleNamespace(
+        time=lambda: readings.pop(0), perf_counter=time.perf_counter))
+    efficacy_units._seconds_per_weight.clear()
+    root = str(tmp_path)
+
+    # 50 s a pass, a 40 s start: the unit needs several. Its first 30 s experience fits before 45.
+    readings[:] = [0.0, 30.0, 60.0]  # start; after the first experience; after the second
+    assert efficacy_units.run_unit(unit, plan, "cpu", root, 45.0, 50.0, start_seconds=40.0) is None
+    assert (tmp_path / "runs" / f"{unit.name}.trained").read_text() == "2\n" and not readings
+    # Next start: what is left (10 s) fits, though the whole unit (50 s) would not.
+    readings[:] = [100.0]
+    record = efficacy_units.run_unit(unit, plan, "cpu", root, 115.0, 50.0)
+    assert record is not None and [number for number, _ in record["experience_s"]] == [3]
+    assert not (tmp_path / "runs" / f"{unit.name}.trained").exists() and not (tmp_path / "runs" / unit.name).exists()
+
+    # A fresh unit whose first experience (60 s) is longer than a whole start never starts, and says so.
+    other = next(u for u in efficacy_plan.tuning_units(plan, "class") if u.strategy == "lwf")
+    readings[:] = [0.0]
+    assert efficacy_units.run_unit(other, plan, "cpu", root, 40.0, 100.0, start_seconds=40.0) is None
+    assert "its next experience needs about 60 s, more than a whole start (40 s)" in capsys.readouterr().err
+    # Without --time-limit's length a unit that does not fit waits for a start where all of it does.
+    readings[:] = [0.0]
+    assert efficacy_units.run_unit(other, plan, "cpu", root, 90.0, 100.0) is None
+    assert not (tmp_path / "runs" / other.name).exists()
+
+
+def test_may_start():
+    later = time.time() + 100
+    assert efficacy_units.may_start(10.0, [5.0], 5.0, later, None)  # 50 s of 100
+    assert not efficacy_units.may_start(10.0, [6.0, 6.0], 12.0, later, None)  # 120 s, no start length
+    assert not efficacy_units.may_start(10.0, [6.0, 6.0], 12.0, later, 200.0)  # fits a whole start: wait
+    assert efficacy_units.may_start(10.0, [6.0, 6.0], 12.0, later, 110.0)  # longer than a start: go
+    assert not efficacy_units.may_start(10.0, [11.0, 1.0], 12.0, later, 110.0)  # its next experience won't end
+
+
 @pytest.mark.slow
 def test_efficacy_study_tiny(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(efficacy_plan.REGIMES, "short", {
@@ -227,7 +276,7 @@ def test_a_failed_unit_is_reported_and_the_others_go_on(tmp_path, monkeypatch, c
         return {"accuracy_matrix": [[0.5, 0.5]], "process_s": 1.0}
 
     monkeypatch.setattr(efficacy_units, "run_unit", run_unit)
-    args = argparse.Namespace(out=tmp_path, device="cpu", execution={})
+    args = argparse.Namespace(out=tmp_path, device="cpu", execution={}, time_limit=None)
     assert efficacy_units.run_units(units, efficacy_units.InProcess(), plan, args, None) == (2, 0, 1)
     err = capsys.readouterr().err
     assert f"unit {units[1].name} failed: RuntimeError: CUDA error: out of memory" in err
