@@ -160,6 +160,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-units", type=int, help="start at most this many units, then stop")
     parser.add_argument("--time-limit", type=float, metavar="MINUTES",
                         help="start no unit and no experience that would end after this many minutes")
+    parser.add_argument("--last-start", action="store_true",
+                        help="with --time-limit: the machine's last start, so start no unit that would not finish "
+                             "in it, even one longer than a start (its checkpoints would be lost with the machine)")
     parser.add_argument("--out", type=Path, help="folder of the units (default: runs/efficacy-<regime>)")
     parser.add_argument("--archive", type=Path, metavar="TAR_GZ", help="at the end, pack --out into this file")
     parser.add_argument("--from-archive", type=Path, metavar="TAR_GZ", help="first unpack this --archive into --out")
@@ -195,6 +198,8 @@ def _argument_error(args: argparse.Namespace) -> str | None:
         return f"--strategies: {', '.join(unknown)} not in the study ({', '.join(sorted(known))})"
     if args.time_limit is not None and args.time_limit <= 0:
         return "--time-limit must be > 0"
+    if args.last_start and args.time_limit is None:
+        return "--last-start needs --time-limit"
     for name in ("from_archive", "from_report", "settings_from"):
         path = getattr(args, name)
         if path is not None and not path.is_file():

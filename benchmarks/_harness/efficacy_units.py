@@ -218,7 +218,8 @@ def run_units(units: Sequence[Unit], pool: concurrent.futures.Executor, plan: di
     archive).
     """
     rates = seconds_per_weight_of(finished_records(args.out).values(), plan)
-    start_seconds = None if args.time_limit is None else 60 * args.time_limit
+    # A unit longer than a whole start may begin now and go on in later starts, unless this is the last.
+    start_seconds = None if args.time_limit is None or args.last_start else 60 * args.time_limit
     futures = {pool.submit(run_unit, unit, plan, args.device, str(args.out), deadline, estimate_for(unit, rates),
                            args.execution, start_seconds): unit for unit in units}
     finished = stopped = failed = 0

@@ -167,6 +167,19 @@ def test_a_unit_longer_than_a_start_runs_over_several_starts(tmp_path, monkeypat
     assert not (tmp_path / "runs" / other.name).exists()
 
 
+def test_the_last_start_begins_no_unit_it_cannot_finish(tmp_path, monkeypatch, capsys):
+    plan = efficacy_plan.make_plan("short", [100, 101], [200, 201])
+    units = efficacy_plan.tuning_units(plan, "task")[:1]
+    starts = []
+    monkeypatch.setattr(efficacy_units, "run_unit", lambda unit, *args: starts.append(args[-1]))
+    for last in (False, True):
+        args = argparse.Namespace(out=tmp_path, device="cpu", execution={}, time_limit=10.0, last_start=last)
+        assert efficacy_units.run_units(units, efficacy_units.InProcess(), plan, args, 1e12) == (0, 1, 0)
+    assert starts == [600.0, None]  # a whole start's seconds, or none: every unit must finish in this one
+    assert efficacy.main(["--regime", "short", "--last-start"]) == 2
+    assert capsys.readouterr().err.strip() == "efficacy.py: --last-start needs --time-limit"
+
+
 def test_may_start():
     later = time.time() + 100
     assert efficacy_units.may_start(10.0, [5.0], 5.0, later, None)  # 50 s of 100
@@ -276,7 +289,7 @@ def test_a_failed_unit_is_reported_and_the_others_go_on(tmp_path, monkeypatch, c
         return {"accuracy_matrix": [[0.5, 0.5]], "process_s": 1.0}
 
     monkeypatch.setattr(efficacy_units, "run_unit", run_unit)
-    args = argparse.Namespace(out=tmp_path, device="cpu", execution={}, time_limit=None)
+    args = argparse.Namespace(out=tmp_path, device="cpu", execution={}, time_limit=None, last_start=False)
     assert efficacy_units.run_units(units, efficacy_units.InProcess(), plan, args, None) == (2, 0, 1)
     err = capsys.readouterr().err
     assert f"unit {units[1].name} failed: RuntimeError: CUDA error: out of memory" in err
