@@ -180,11 +180,10 @@ GOAL_SCENARIOS = 2
 GOAL_SEEDS = {"long": 8, "long4097": 5}
 GOAL_METRICS = {"stream_accuracy": 1.0, "forgetting": -1.0}  # the sign of a StreamKL gain
 GOAL_BASES = ("naive", "lwf", "replay")  # StreamKL alone, added to LwF, added to replay
-GOAL = (f"Against the study's goal (at 1025 tokens StreamKL alone, added to LwF or added to replay beats the same "
-        f"strategy without it in "
-        f"stream accuracy or forgetting, Holm-adjusted p below {HOLM_LEVEL} over at least {GOAL_SEEDS['long']} "
-        f"seeds, in at least {GOAL_SCENARIOS} scenarios, and is nowhere significantly worse than PAD in its place; "
-        f"at 4097 tokens those gains hold over at least {GOAL_SEEDS['long4097']} seeds):")
+GOAL = ("Against the study's goal (at 1025 tokens StreamKL alone, added to LwF or added to replay beats the same "
+        f"strategy without it in stream accuracy or forgetting, Holm-adjusted p below {HOLM_LEVEL} over at least "
+        f"{GOAL_SEEDS['long']} seeds, in at least {GOAL_SCENARIOS} scenarios, and is nowhere significantly worse "
+        f"than PAD in its place; at 4097 tokens those gains hold over at least {GOAL_SEEDS['long4097']} seeds):")
 
 
 def _without(strategy: str, component: str) -> str:

@@ -56,7 +56,7 @@ def may_start(seconds_per_weight: float, left: Sequence[float], whole: float, de
     now = time.time()
     if now + seconds_per_weight * sum(left) <= deadline:
         return True
-    return (start_seconds is not None and seconds_per_weight * whole > start_seconds
+    return (bool(left) and start_seconds is not None and seconds_per_weight * whole > start_seconds
             and now + seconds_per_weight * left[0] <= deadline)
 
 

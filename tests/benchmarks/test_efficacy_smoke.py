@@ -187,6 +187,7 @@ def test_may_start():
     assert not efficacy_units.may_start(10.0, [6.0, 6.0], 12.0, later, 200.0)  # fits a whole start: wait
     assert efficacy_units.may_start(10.0, [6.0, 6.0], 12.0, later, 110.0)  # longer than a start: go
     assert not efficacy_units.may_start(10.0, [11.0, 1.0], 12.0, later, 110.0)  # its next experience won't end
+    assert not efficacy_units.may_start(10.0, [], 12.0, later - 200, 110.0)  # all trained, deadline passed
 
 
 @pytest.mark.slow
