@@ -50,6 +50,8 @@ _LISTENERS: weakref.WeakKeyDictionary[nn.Module, list[RecordQK]] = weakref.WeakK
 _CHECKED: weakref.WeakKeyDictionary[nn.Module, set[tuple]] = weakref.WeakKeyDictionary()
 # The largest relative Q/K difference any check has seen (None before the first).
 _WORST_CHECK: list[float | None] = [None]
+# Graphs Dynamo may keep for the compiled forward (see :func:`_allow_recompiles`).
+RECOMPILE_LIMIT = 32
 
 
 def _recording_forward(model: nn.Module, *args: Any, **kwargs: Any) -> tuple[Any, list]:
@@ -156,6 +158,22 @@ def _fused_timm_attention(module: nn.Module) -> bool:
     return type(module) is Attention and bool(getattr(module, "fused_attn", False))
 
 
+def _allow_recompiles() -> None:
+    """Raise Dynamo's per-function graph limit to :data:`RECOMPILE_LIMIT` (never lower it).
+
+    The compiled forward has one graph per mode it meets: training; a frozen teacher's and
+    evaluation's no-grad forwards (parameters that do or do not require gradients, train or
+    eval mode); baselines that forward outside autocast (LwF's previous model, EWC's
+    importances); a last batch below a size the graph was specialised for. One strategy needs
+    2 to 7 of them, but a process that trains several one after another (the efficacy study's
+    workers) met 9 on a CPU, past Dynamo's default of 8, after which every new mode runs the
+    forward eagerly: still right, but slow.
+    """
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT))
+
+
 def compile_model(model: nn.Module) -> int:
     """Run each timm ``VisionTransformer`` inside ``model`` as one compiled forward, Q/K captured.
 
@@ -164,6 +182,8 @@ def compile_model(model: nn.Module) -> int:
     the compiled forward's outputs (values, gradients and state-dict keys as before). Heads
     or wrappers around it stay eager. Everything else that reads the model (a frozen teacher,
     LwF's previous model: deep copies) stays compiled and computes with its own weights.
+    Dynamo's per-function graph limit is raised to :data:`RECOMPILE_LIMIT` for the process
+    (:func:`_allow_recompiles`: a forward meets one graph per mode).
 
     Args:
         model: a timm ``VisionTransformer`` or a module holding one (the task-incremental
@@ -203,6 +223,7 @@ def compile_model(model: nn.Module) -> int:
             module.__class__ = replayed
         vit.__class__ = _subclass(type(vit), "Compiled", {"forward": _compiled_forward})
         count += 1
+    _allow_recompiles()
     return count
 
 

@@ -100,6 +100,32 @@ def test_deep_copies_and_other_batch_sizes_run_without_recompiling():
     assert counters["stats"]["unique_graphs"] == graphs
 
 
+def test_every_mode_a_process_meets_stays_compiled():
+    """Twelve modes (train or eval, gradients or not, frozen weights or not, another dtype), more
+    than Dynamo's default of 8 graphs per function: compile_model raises the limit, so none
+    falls back to running eagerly; a higher limit is left as it is."""
+    config = torch._dynamo.config
+    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    with config.patch(name, 8):
+        model = _vit(depth=1)
+        compile_model(model)
+        assert getattr(config, name) == compiled_model_module.RECOMPILE_LIMIT
+        modes = 0
+        for dtype in (torch.float64, torch.float32):
+            model.to(dtype)
+            for training in (True, False):
+                for grad in (True, False):
+                    for frozen in ((False, True) if dtype == torch.float64 else (False,)):
+                        model.train(training).requires_grad_(not frozen)
+                        with torch.set_grad_enabled(grad):
+                            model(torch.randn(2, 1, 12, 12, dtype=dtype))
+                        modes += 1
+        assert modes == 12 and counters["stats"]["unique_graphs"] == modes  # each compiled, none eager
+    with config.patch(name, 100):
+        compile_model(_vit(depth=1))
+        assert getattr(config, name) == 100
+
+
 def test_a_teacher_capture_neither_stops_early_nor_recompiles_per_call():
     teacher = _vit()
     compile_model(teacher)
