@@ -49,6 +49,8 @@ _ORIGINAL_CLASS: dict[type, type] = {}
 _LISTENERS: weakref.WeakKeyDictionary[nn.Module, list[RecordQK]] = weakref.WeakKeyDictionary()
 # The input signatures of each compiled model already checked against its eager forward.
 _CHECKED: weakref.WeakKeyDictionary[nn.Module, set[tuple]] = weakref.WeakKeyDictionary()
+# Each compiled model's attention modules in block order, found once (its structure is fixed).
+_ATTENTION: weakref.WeakKeyDictionary[nn.Module, list[nn.Module]] = weakref.WeakKeyDictionary()
 # The largest relative Q/K difference any check has seen (None before the first).
 _WORST_CHECK: list[float | None] = [None]
 # Graphs Dynamo may keep for the compiled forward (see :func:`_allow_recompiles`).
@@ -120,19 +122,21 @@ def _compiled_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
     for value in (*args, *kwargs.values()):
         if isinstance(value, torch.Tensor) and value.dim() > 0:
             # Batches of every size (eval sets' last batches, replay's larger ones) share one
-            # graph from the start, so the few modes a run needs stay within Dynamo's limit of
-            # graphs per function (8): training, a teacher's and evaluation's no-grad forwards,
-            # and baselines' forwards outside autocast.
+            # graph from the start, so a run needs one graph per mode only (training, a
+            # teacher's and evaluation's no-grad forwards, baselines' forwards outside
+            # autocast; see _allow_recompiles).
             torch._dynamo.maybe_mark_dynamic(value, 0)
     output, records = _compiled(_recording_forward)(self, *args, **kwargs)
-    attention = find_attention_modules(self)
-    name = _ORIGINAL_CLASS[type(self)].__name__
+    attention = _ATTENTION.get(self)
+    if attention is None:
+        attention = _ATTENTION[self] = find_attention_modules(self)
     if len(records) != len(attention):
-        raise RuntimeError(f"compile_model: {name} made {len(records)} F.scaled_dot_product_attention calls for "
-                           f"{len(attention)} attention blocks; Q/K cannot be told apart")
+        raise RuntimeError(f"compile_model: {_ORIGINAL_CLASS[type(self)].__name__} made {len(records)} "
+                           f"F.scaled_dot_product_attention calls for {len(attention)} attention blocks; Q/K cannot "
+                           "be told apart")
     if not all(plain for *_, plain in records):
-        raise RuntimeError(f"compile_model: {name}'s attention passes a mask or is_causal to "
-                           "F.scaled_dot_product_attention, so its scores are not just q kᵀ")
+        raise RuntimeError(f"compile_model: {_ORIGINAL_CLASS[type(self)].__name__}'s attention passes a mask or "
+                           "is_causal to F.scaled_dot_product_attention, so its scores are not just q kᵀ")
     signature = _signature(self, args, kwargs)
     checked = _CHECKED.setdefault(self, set())
     if signature not in checked:
