@@ -218,14 +218,18 @@ def units_per_minute(regime: str, settings: dict[str, Any], processes: int, epoc
             "cpu_s": sum(r["cpu_s"] for r in results) / processes, "units": results}
 
 
+def _label(variant: str, penalty: str) -> str:
+    """``compile-model``, or ``compile-model + streamkl`` for a step that distils."""
+    return variant if penalty == "none" else f"{variant} + {penalty}"
+
+
 def _measured(part: str, variant: str, processes: int, measure: Callable[[], dict[str, Any]],
               penalty: str = "none") -> dict[str, Any]:
     """One measurement's run record; a failure is recorded and reported, and the others go on."""
     try:
         result = measure()
     except Exception as err:  # a variant that fails to compile must not cost a GPU call the other numbers
-        name = variant if penalty == "none" else f"{variant} + {penalty}"
-        print(f"{part} {name} with {processes} process(es) failed: {type(err).__name__}: {err}", file=sys.stderr)
+        print(f"{part} {_label(variant, penalty)} with {processes} process(es) failed: {type(err).__name__}: {err}", file=sys.stderr)
         return {"part": part, "variant": variant, "penalty": penalty, "processes": processes,
                 "error": f"{type(err).__name__}: {err}"}
     return {"part": part, "variant": variant, "processes": processes, **result}
@@ -236,9 +240,8 @@ def _row(run: dict[str, Any]) -> list[Any]:
     if run["part"] == "units":
         return ["units", run["variant"], run["processes"], None, None, run["units_per_min"],
                 run["steady_units_per_min"], run["cpu_s"] / run["train_s"]]
-    penalty = run.get("penalty", "none")
-    variant = run["variant"] if penalty == "none" else f"{run['variant']} + {penalty}"
-    return [run["part"], variant, run["processes"], run["wall_ms"], run.get("kernel_ms"), None, None, None]
+    return [run["part"], _label(run["variant"], run.get("penalty", "none")), run["processes"], run["wall_ms"],
+            run.get("kernel_ms"), None, None, None]
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -134,13 +134,12 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
         now = time.perf_counter()
         if count == len(weights):
             done, following = weights[trained - 1], weights[trained] if trained < count else 0.0
+            progress.parent.mkdir(parents=True, exist_ok=True)
+            progress.write_text(f"{trained}\n")
         else:  # a joint run trains every experience in one step
             done, following = sum(weights), 0.0
         seconds.append([trained, now - last])
         _seconds_per_weight[kind], last = max(_seconds_per_weight[kind], (now - last) / done), now
-        if count == len(weights):
-            progress.parent.mkdir(parents=True, exist_ok=True)
-            progress.write_text(f"{trained}\n")
         if deadline is not None and following and time.time() + _seconds_per_weight[kind] * following > deadline:
             raise _OutOfTime
 

@@ -192,9 +192,7 @@ def test_may_start():
 
 @pytest.mark.slow
 def test_efficacy_study_tiny(tmp_path, monkeypatch, capsys):
-    monkeypatch.setitem(efficacy_plan.REGIMES, "short", {
-        "dataset": "digits", "image_size": 16, "patch_size": 8, "epochs": 1, "batch_size": 64, "amp": "none",
-        "model_kwargs": {"depth": 1, "embed_dim": 16, "num_heads": 2}})
+    monkeypatch.setitem(efficacy_plan.REGIMES, "short", TINY_SHORT)
     # Fewer methods than the study, each with the study's machinery: tuning, choice, replay arms, pairs.
     monkeypatch.setitem(efficacy_plan.TUNED, "class", ("lwf", "pad", "replay"))
     monkeypatch.setitem(efficacy_plan.TESTED, "class", {"": ("lwf", "lwf+streamkl", "lwf+pad"),
