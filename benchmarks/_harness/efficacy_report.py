@@ -24,6 +24,8 @@ DEFINITIONS = {
     "learning_accuracy": "the mean over experiences of the accuracy on each right after learning it",
     "task_il_accuracy": "class scenario: mean_experience_accuracy with each prediction restricted to the evaluated "
                         "experience's classes",
+    "records": "each finished unit's record as its worker wrote it, less the penalty after every training iteration "
+               "(nine tenths of the bytes); mean_penalty is its mean over the run",
     "paired": "strategy minus baseline over the seeds both ran, in percentage points; ci95: Student-t interval, not "
               "adjusted; p_value: two-sided paired t-test; p_holm: Holm-adjusted over every paired entry of the "
               "report except learning_accuracy",
@@ -135,8 +137,9 @@ def build_report(plan: dict[str, Any], records: dict[str, dict[str, Any]], envir
         part["worker_time_s"] = worker_s
         report["scenarios"][scenario] = part
     report["units"] = {"tune": [tune_done, tune_total], "test": [test_done, test_total]}
-    # Every finished unit's record as the unit wrote it, so a committed report resumes the study
-    # on another machine (efficacy.py --from-report).
-    report["records"] = {name: records[name] for name in sorted(records)}
+    # Every finished unit's record, so a committed report resumes the study on another machine
+    # (efficacy.py --from-report); nothing reads the per-iteration penalties back.
+    report["records"] = {name: {key: value for key, value in records[name].items() if key != "penalties"}
+                         for name in sorted(records)}
     add_holm(report)
     return report

@@ -262,8 +262,13 @@ def test_efficacy_study_tiny(tmp_path, monkeypatch, capsys):
     before = report_path.read_text()
     assert efficacy.main([*common, "--out", str(tmp_path / "elsewhere"), "--from-archive", str(archive)]) == 0
     assert json.loads(report_path.read_text())["scenarios"] == json.loads(before)["scenarios"]
-    # A new machine continues from the committed report alone: its records are the finished units.
-    assert len(json.loads(before)["records"]) == 22
+    # A new machine continues from the committed report alone: its records are the finished units,
+    # less the penalty of every iteration (their mean is kept).
+    stored = json.loads(before)["records"]
+    assert len(stored) == 22 and not any("penalties" in record for record in stored.values())
+    written = efficacy_units.finished_records(out)
+    distilled = [name for name, record in written.items() if record["penalties"]]
+    assert distilled and all(stored[name]["mean_penalty"] == written[name]["mean_penalty"] for name in distilled)
     assert efficacy.main([*common, "--out", str(tmp_path / "fresh"), "--from-report", str(report_path)]) == 0
     assert json.loads(report_path.read_text())["scenarios"] == json.loads(before)["scenarios"]
     assert len(list((tmp_path / "fresh" / "units").glob("*.json"))) == 22
