@@ -352,3 +352,29 @@ def test_each_kind_of_unit_is_judged_by_its_own_rate():
     ewc = next(u for u in efficacy_plan.tuning_units(plan, "task") if u.strategy == "ewc")
     assert efficacy_units.estimate_for(ewc, rates) == pytest.approx(300.0)
     assert efficacy_units.estimate_for(ewc, {}) == 0.0
+
+
+def test_a_stopped_unit_goes_on_from_the_archive_on_another_machine(tmp_path, monkeypatch):
+    """A unit stopped between experiences travels in --archive (its checkpoint and progress) and
+    a fresh folder unpacked from it trains only the experiences left, to the same result as a
+    unit trained in one go: how a unit outlives the machine it began on."""
+    monkeypatch.setitem(efficacy_plan.REGIMES, "short", TINY_SHORT)
+    plan = efficacy_plan.make_plan("short", [7, 8], [0, 1], settings_per_method=1)
+    unit = next(u for u in efficacy_plan.tuning_units(plan, "class") if u.strategy == "streamkl")
+    readings = []
+    monkeypatch.setattr(efficacy_units, "time", types.SimpleNamespace(
+        time=lambda: readings.pop(0), perf_counter=time.perf_counter))
+    efficacy_units._seconds_per_weight.clear()
+    first, second, whole = tmp_path / "first", tmp_path / "second", tmp_path / "whole"
+
+    readings[:] = [0.0, 30.0]  # the first experience fits before 35 s; then the next would not
+    assert efficacy_units.run_unit(unit, plan, "cpu", str(first), 35.0, 50.0, start_seconds=40.0) is None
+    efficacy.write_archive(first, tmp_path / "units.tar.gz")
+    efficacy.read_archive(tmp_path / "units.tar.gz", second)
+    assert (second / "runs" / f"{unit.name}.trained").read_text() == "1\n"
+    readings[:] = [100.0]
+    resumed = efficacy_units.run_unit(unit, plan, "cpu", str(second), None)
+    assert [number for number, _ in resumed["experience_s"]] == [2, 3]
+    once = efficacy_units.run_unit(unit, plan, "cpu", str(whole), None)
+    assert [number for number, _ in once["experience_s"]] == [1, 2, 3]
+    assert resumed["accuracy_matrix"] == once["accuracy_matrix"] and resumed["penalties"] == once["penalties"]
