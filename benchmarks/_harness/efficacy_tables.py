@@ -186,12 +186,14 @@ GOAL = ("Against the study's goal (at 1025 tokens StreamKL alone, added to LwF o
         f"than PAD in its place; at 4097 tokens those gains hold over at least {GOAL_SEEDS['long4097']} seeds):")
 
 
-def _without(strategy: str, component: str) -> str:
-    """``lwf+streamkl`` → ``lwf``, ``replay+streamkl (mem200)`` → ``replay (mem200)``,
-    ``streamkl`` → ``naive``; with ``component`` ``pad`` the strategy with PAD in StreamKL's place."""
-    if component == "pad":
-        return strategy.replace("streamkl", "pad")
+def _without_streamkl(strategy: str) -> str:
+    """``lwf+streamkl`` → ``lwf``, ``replay+streamkl (mem200)`` → ``replay (mem200)``, ``streamkl`` → ``naive``."""
     return "naive" if strategy == "streamkl" else strategy.replace("+streamkl", "")
+
+
+def _pad_in_place(strategy: str) -> str:
+    """The strategy with PAD in StreamKL's place: ``lwf+streamkl`` → ``lwf+pad``."""
+    return strategy.replace("streamkl", "pad")
 
 
 def _significant(entry: dict[str, Any], regime: str, sign: float) -> bool:
@@ -228,11 +230,11 @@ def goal(reports: Sequence[dict[str, Any]]) -> list[str]:
             for entry in _part(report, scenario)["paired"]:
                 if "streamkl" not in entry["strategy"]:
                     continue
-                base = _without(entry["strategy"], "streamkl")
+                base = _without_streamkl(entry["strategy"])
                 if (entry["baseline"] == base and base.partition(" ")[0] in GOAL_BASES
                         and _significant(entry, regime, 1)):
                     found.setdefault(scenario, []).append(entry)
-                if entry["baseline"] == _without(entry["strategy"], "pad") and _significant(entry, regime, -1):
+                if entry["baseline"] == _pad_in_place(entry["strategy"]) and _significant(entry, regime, -1):
                     worse.append((scenario, entry))
         gains[regime] = found
         where = "; ".join(f"{scenario}: " + ", ".join(_finding(e) for e in entries)
