@@ -81,13 +81,15 @@ def _model(settings: dict[str, Any], device: torch.device) -> torch.nn.Module:
 
 
 def _plugin(penalty: str) -> Any:
-    """The study's distillation plugin for ``penalty`` (see :data:`PENALTIES`); None for ``none``."""
+    """The study's distillation plugin for ``penalty`` (see :data:`PENALTIES`); for ``none``
+    Avalanche's base plugin, whose hooks do nothing."""
     from _harness.efficacy_plan import PAD_VARIANT
+    from avalanche.core import SupervisedPlugin
 
     from cl_streamkl.strategies import PADPlugin, StreamKLPlugin
 
     if penalty == "none":
-        return None
+        return SupervisedPlugin()
     return StreamKLPlugin(alpha=1.0) if penalty == "streamkl" else PADPlugin(alpha=1.0, variant=PAD_VARIANT)
 
 
@@ -112,20 +114,16 @@ def _training_step(settings: dict[str, Any], variant: str, device: torch.device,
     labels = torch.randint(0, 10, (settings["batch_size"],), device=device)
     plugin = _plugin(penalty)
     strategy = SimpleNamespace(model=model, mb_x=images, loss=None)
-    if plugin is not None:
-        plugin.before_training(strategy)
-        plugin.after_training_exp(strategy)  # the teacher: a frozen snapshot, as after an experience
+    plugin.before_training(strategy)
+    plugin.after_training_exp(strategy)  # the teacher: a frozen snapshot, as after an experience
 
     def step() -> None:
         with autocast(device, settings["amp"]):
-            if plugin is not None:
-                plugin.before_forward(strategy)
+            plugin.before_forward(strategy)
             logits = forward(images)
-        if plugin is not None:
-            plugin.after_forward(strategy)
+        plugin.after_forward(strategy)
         strategy.loss = F.cross_entropy(logits, labels)
-        if plugin is not None:
-            plugin.before_backward(strategy)
+        plugin.before_backward(strategy)
         strategy.loss.backward()
         optimizer.step()
         optimizer.zero_grad()
