@@ -14,7 +14,8 @@ For each scenario (class-, task- and domain-incremental) the study
 
 Regimes: ``short`` (32 px mnist5k, 8 px patches: 17 tokens, on a CPU), ``long`` (cluttered
 MNIST on a 128 px canvas, 4 px patches: 1025 tokens, early convolutions) and ``long4097``
-(256 px canvas: 4097 tokens). Each (scenario, strategy, seed, setting) run is one unit for a
+(256 px canvas: 4097 tokens; its decisive comparisons only, with 1025's settings
+``--settings-from`` and in the scenarios ``--plan-scenarios decisive`` picks by a fixed rule). Each (scenario, strategy, seed, setting) run is one unit for a
 pool of worker processes. Finished units are kept under ``--out`` and skipped when the
 command starts again; ``--max-units`` and ``--time-limit`` end a start cleanly (a unit
 stopped between experiences resumes from its checkpoint), ``--archive`` /
@@ -51,7 +52,7 @@ from _harness.efficacy_plan import (
     test_units, tuning_units,
 )
 from _harness.efficacy_report import build_report, tuning_scores
-from _harness.efficacy_tables import side_by_side
+from _harness.efficacy_tables import decisive_scenarios, side_by_side
 from _harness.efficacy_units import InProcess, finished_records, init_worker, load_data, run_units
 from _harness.report import add_json_flag, write_json
 from cl_streamkl.experiment.config import ExperimentConfig
@@ -154,9 +155,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="test only these strategies (a costly regime's decisive comparisons; changes the plan)")
     parser.add_argument("--settings-from", type=Path, metavar="REPORT",
                         help="take the chosen settings from another regime's report instead of tuning")
-    parser.add_argument("--plan-scenarios", nargs="+", choices=SCENARIOS, metavar="SCENARIO",
+    parser.add_argument("--plan-scenarios", nargs="+", choices=(*SCENARIOS, "decisive"), metavar="SCENARIO",
                         help="the plan holds only these scenarios (a costly regime's: where a cheaper regime showed "
-                             "the effect; changes the plan)")
+                             "the effect; changes the plan); decisive: those the fixed rule picks from the finished "
+                             "--settings-from report (docs/efficacy.md)")
     parser.add_argument("--max-units", type=int, help="start at most this many units, then stop")
     parser.add_argument("--time-limit", type=float, metavar="MINUTES",
                         help="start no unit and no experience that would end after this many minutes")
@@ -200,6 +202,11 @@ def _argument_error(args: argparse.Namespace) -> str | None:
         return "--time-limit must be > 0"
     if args.last_start and args.time_limit is None:
         return "--last-start needs --time-limit"
+    if "decisive" in (args.plan_scenarios or ()):
+        if len(args.plan_scenarios) > 1:
+            return "--plan-scenarios decisive stands alone"
+        if args.settings_from is None:
+            return "--plan-scenarios decisive needs --settings-from (the report the rule reads)"
     for name in ("from_archive", "from_report", "settings_from"):
         path = getattr(args, name)
         if path is not None and not path.is_file():
@@ -222,6 +229,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     deadline = None if args.time_limit is None else start + 60 * args.time_limit
     val_seeds, test_seeds = DEFAULT_SEEDS[args.regime]
     settings_from = None if args.settings_from is None else json.loads(args.settings_from.read_text())
+    if args.plan_scenarios == ["decisive"]:
+        try:
+            args.plan_scenarios = decisive_scenarios(settings_from)
+        except ValueError as error:
+            print(f"efficacy.py: --plan-scenarios decisive: --settings-from {args.settings_from}: {error}",
+                  file=sys.stderr)
+            return 2
+        print(f"the fixed rule picks from {args.settings_from}: {' '.join(args.plan_scenarios)}", flush=True)
     try:
         plan = make_plan(args.regime, args.val_seeds or val_seeds, args.seeds or test_seeds, args.epochs,
                          args.settings_per_method, args.strategies, settings_from, args.plan_scenarios)

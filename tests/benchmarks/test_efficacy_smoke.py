@@ -106,12 +106,56 @@ def test_the_goal_is_judged_from_the_long_token_reports():
          "(p 0.01, 8 seeds). Significantly worse than PAD: task: lwf+streamkl − lwf+pad stream acc -5.0 pp "
          "(p 0.01, 8 seeds)."),
         "- 4097 tokens: not run yet."]
-    long4097 = report("long4097", 25, {"task": [entry("streamkl", "naive", "stream_accuracy", 4.0, p_holm=0.2, n=5)]})
+    # 4097 tokens runs no replay: class's replay gain at 1025 is not counted as one that failed to hold.
+    long4097 = report("long4097", 25, {"task": [entry("streamkl", "naive", "stream_accuracy", 4.0, p_holm=0.2, n=5)],
+                                       "class": [entry("streamkl", "naive", "forgetting", -1.0, p_holm=0.3, n=5)]})
     assert efficacy_tables.goal([long, long4097])[1] == (
-        "- 4097 tokens (interim: 25/240 test units): StreamKL gains (0 of the 1 gains seen at 1025 tokens hold): "
-        "none. Nowhere significantly worse than PAD.")
+        "- 4097 tokens (interim: 25/240 test units): StreamKL gains (0 of the 1 gains seen at 1025 tokens that it "
+        "tests hold): none. Nowhere significantly worse than PAD.")
     half = report("long", 52, {"task": long["scenarios"]["task"]["paired"][:1]})
     assert "(1 of the 2 scenarios needed, so far)" in efficacy_tables.goal([half])[0]
+
+
+def test_the_fixed_rule_picks_the_costly_regimes_scenarios(tmp_path, capsys):
+    def entry(strategy, baseline, metric, diff, p_holm=0.01, n=8):
+        return {"strategy": strategy, "baseline": baseline, "metric": metric, "mean_diff": diff, "p_holm": p_holm,
+                "n": n}
+
+    chosen = {"streamkl": {"alpha": 1.0}, "lwf": {"lwf_alpha": 1.0}}
+    report = {"regime": "long", "plan_fingerprint": "f" * 16, "units": {"tune": [4, 4], "test": [240, 240]},
+              "scenarios": {
+                  "class": {"chosen": chosen, "paired": [
+                      entry("replay+streamkl (mem200)", "replay (mem200)", "forgetting", -4.0),  # not decisive
+                      entry("streamkl", "naive", "stream_accuracy", 2.0, n=5)]},  # too few seeds
+                  "task": {"chosen": chosen, "paired": [entry("lwf+streamkl", "lwf", "forgetting", -2.0)]},
+                  "domain": {"chosen": chosen, "paired": [
+                      entry("streamkl", "naive", "forgetting", 3.0),  # StreamKL forgets more: against it
+                      entry("streamkl", "naive", "stream_accuracy", 1.0, p_holm=0.2)]}}}
+    assert efficacy_tables.decisive_scenarios(report) == ["task"]
+    report["scenarios"]["domain"]["paired"][1]["p_holm"] = 0.04
+    assert efficacy_tables.decisive_scenarios(report) == ["task", "domain"]
+    report["scenarios"]["task"]["paired"][0]["p_holm"] = report["scenarios"]["domain"]["paired"][1]["p_holm"] = 0.5
+    assert efficacy_tables.decisive_scenarios(report) == ["task"]  # none: the fallback
+
+    path, out = tmp_path / "long.json", tmp_path / "runs"
+    report["scenarios"]["domain"]["paired"][1]["p_holm"] = 0.001
+    path.write_text(json.dumps(report))
+    common = ["--regime", "long4097", "--part", "plan", "--settings-from", str(path), "--strategies", "streamkl",
+              "--out", str(out), "--plan-scenarios"]
+    assert efficacy.main([*common, "decisive"]) == 0
+    assert list(json.loads((out / "plan.json").read_text())["scenarios"]) == ["domain"]
+    assert f"the fixed rule picks from {path}: domain" in capsys.readouterr().out
+    assert efficacy.main([*common, "decisive", "task"]) == 2
+    assert capsys.readouterr().err.strip() == "efficacy.py: --plan-scenarios decisive stands alone"
+    assert efficacy.main(["--regime", "long4097", "--plan-scenarios", "decisive"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        "efficacy.py: --plan-scenarios decisive needs --settings-from (the report the rule reads)")
+    report["units"]["test"] = [122, 240]
+    path.write_text(json.dumps(report))
+    assert efficacy.main([*common, "decisive"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"efficacy.py: --plan-scenarios decisive: --settings-from {path}: the report's test part is unfinished "
+        "(122/240 units), so its Holm-adjusted p-values are not final")
 
 
 def test_the_source_line_counts_units_by_commit_and_setting():
