@@ -75,11 +75,14 @@ def _wandb_credentials() -> bool:
 
     ``wandb.login`` finds them as a run would (key, settings files, ``.netrc``, identity
     token), but a failed look-up leaves the process's W&B client unable to start even a
-    disabled run, so it runs elsewhere.
+    disabled run, so it runs elsewhere. Silent, because its "logged in as" message asks the
+    server for the account's name: without a network that wait can outlast the timeout and
+    read as missing credentials.
     """
     code = "import sys, wandb; sys.exit(0 if wandb.login(verify=False, prompt=False) else 1)"
+    env = {**os.environ, "WANDB_SILENT": "true"}
     try:
-        return subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120).returncode == 0
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, env=env, timeout=120).returncode == 0
     except subprocess.TimeoutExpired:
         return False
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import sys
 
 import pytest
@@ -140,11 +141,19 @@ def test_wandb_without_credentials_is_refused_before_anything_is_written(tmp_pat
     assert rc == 2
     assert "--log wandb needs W&B credentials: run 'wandb login'" in one_line_error(capsys)
     assert not out.exists()
-    # a key (not verified: nothing is contacted) or offline mode is enough
+    # a key (not verified: nothing is contacted, here a server that would never answer) or offline mode is enough
     from cl_streamkl.experiment.loggers import check_loggers
 
     monkeypatch.setenv("WANDB_API_KEY", "0" * 40)
-    check_loggers(["wandb"])
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{server.getsockname()[1]}")
+        check_loggers(["wandb"])
+        server.settimeout(0.2)
+        with pytest.raises(TimeoutError):
+            server.accept()
+    monkeypatch.delenv("WANDB_BASE_URL")
     monkeypatch.delenv("WANDB_API_KEY")
     monkeypatch.setenv("WANDB_MODE", "offline")
     check_loggers(["wandb"])
