@@ -16,8 +16,9 @@ Regimes: ``short`` (32 px mnist5k, 8 px patches: 17 tokens, on a CPU), ``long`` 
 MNIST on a 128 px canvas, 4 px patches: 1025 tokens, early convolutions) and ``long4097``
 (256 px canvas: 4097 tokens; its decisive comparisons only, with 1025's settings
 ``--settings-from`` and in the scenarios ``--plan-scenarios decisive`` picks by a fixed rule).
-Each (scenario, strategy, seed, setting) run is one unit for a pool of worker processes. Finished units are kept under ``--out`` and skipped when the
-command starts again; ``--max-units`` and ``--time-limit`` end a start cleanly (a unit
+Each (scenario, strategy, seed, setting) run is one unit for a pool of worker processes.
+Finished units are kept under ``--out`` and skipped when the command starts again;
+``--max-units`` and ``--time-limit`` end a start cleanly (a unit
 stopped between experiences resumes from its checkpoint), ``--archive`` /
 ``--from-archive`` carry the folder between machines, and ``--from-report`` restores the finished
 units from a committed report.

@@ -235,6 +235,12 @@ def _finding(entry: dict[str, Any]) -> str:
             f"(p {entry['p_holm']:.2g}, {entry['n']} seeds)")
 
 
+def _comparisons(entries: dict[str, list[dict[str, Any]]]) -> set[tuple[str, str, str, str]]:
+    """Paired entries by scenario as (scenario, strategy, baseline, metric): what two regimes share."""
+    return {(scenario, e["strategy"], e["baseline"], e["metric"])
+            for scenario, listed in entries.items() for e in listed}
+
+
 def goal(reports: Sequence[dict[str, Any]]) -> list[str]:
     """The study's goal, judged from the 1025- and 4097-token reports: one line each, and PAD.
 
@@ -270,12 +276,9 @@ def goal(reports: Sequence[dict[str, Any]]) -> list[str]:
             need = f"{len(found)} of the {GOAL_SCENARIOS} scenarios needed, {verdict}"
         else:
             # Only the comparisons this regime makes: its plan runs a few strategies (no replay).
-            tested = {(scenario, e["strategy"], e["baseline"], e["metric"])
-                      for scenario in SCENARIOS for e in _part(report, scenario)["paired"]}
-            wanted = tested & {(scenario, e["strategy"], e["baseline"], e["metric"])
-                               for scenario, entries in gains.get("long", {}).items() for e in entries}
-            held = {(scenario, e["strategy"], e["baseline"], e["metric"])
-                    for scenario, entries in found.items() for e in entries}
+            tested = _comparisons({scenario: _part(report, scenario)["paired"] for scenario in SCENARIOS})
+            wanted = tested & _comparisons(gains.get("long", {}))
+            held = _comparisons(found)
             need = f"{len(wanted & held)} of the {len(wanted)} gains seen at 1025 tokens that it tests hold"
         against_pad = ("Significantly worse than PAD: " + "; ".join(f"{scenario}: {_finding(e)}" for scenario, e in worse)
                        if worse else "Nowhere significantly worse than PAD")
