@@ -162,10 +162,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              "--settings-from report (docs/efficacy.md)")
     parser.add_argument("--max-units", type=int, help="start at most this many units, then stop")
     parser.add_argument("--time-limit", type=float, metavar="MINUTES",
-                        help="start no unit and no experience that would end after this many minutes")
+                        help="start no experience that would end after this many minutes (a unit that would "
+                             "not finish still starts; it goes on from its checkpoints in the next start)")
     parser.add_argument("--last-start", action="store_true",
                         help="with --time-limit: the machine's last start, so start no unit that would not finish "
-                             "in it, even one longer than a start (its checkpoints would be lost with the machine)")
+                             "in it (its checkpoints would be lost with the machine)")
     parser.add_argument("--out", type=Path, help="folder of the units (default: runs/efficacy-<regime>)")
     parser.add_argument("--archive", type=Path, metavar="TAR_GZ", help="at the end, pack --out into this file")
     parser.add_argument("--from-archive", type=Path, metavar="TAR_GZ", help="first unpack this --archive into --out")

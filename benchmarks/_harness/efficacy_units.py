@@ -25,14 +25,14 @@ from _harness.efficacy_plan import Unit, experience_weights
 from cl_streamkl.experiment.config import ExperimentConfig
 
 # Seconds per unit of experience weight (:func:`experience_weights`: one pass over all
-# classes' data) a worker has seen at most per kind of unit (:func:`unit_kind`), at first from
-# finished units: a unit does not start unless all it has left would end before the deadline,
-# and a running one stops after an experience when the next would not, so a time-limited start
-# leaves no unit half done unless an estimate was wrong. A unit longer than a whole start (4097
-# tokens on a ten-minute machine call) starts whenever its next experience fits, and goes on in
-# the next starts from its checkpoints. Per kind, because kinds differ two-fold (a domain
-# StreamKL unit against a task LwF one): one rate for all would let a start's last minutes,
-# which fit a cheap unit, go unused.
+# classes' data) a worker has measured at most per kind of unit (:func:`unit_kind`), from
+# finished units and then from its own experiences. A running unit stops after an experience
+# when the next would pass the deadline, so a time-limited start ends between experiences,
+# every one of them checkpointed. Per kind, because kinds differ two-fold (a domain StreamKL
+# unit against a task LwF one): one rate for all would let a start's last minutes, which fit a
+# cheap unit, go unused. A kind not measured yet is judged by a guess (:func:`estimate_for`)
+# that its first experience replaces: a guess kept as the kind's rate would hold every such
+# unit to the slowest kind's pace.
 _seconds_per_weight: dict[tuple[str, str, str], float] = {}
 _splits_cache: dict[str, Any] = {}
 
@@ -46,18 +46,16 @@ def _progress_path(root: str, unit: Unit) -> Path:
     return Path(root) / "runs" / f"{unit.name}.trained"
 
 
-def may_start(seconds_per_weight: float, left: Sequence[float], whole: float, deadline: float,
-              start_seconds: float | None) -> bool:
-    """Whether a unit starts now, given its experiences' weights ``left`` to train (``whole``: all of them).
+def may_start(seconds_per_weight: float, left: Sequence[float], deadline: float, resumable: bool) -> bool:
+    """Whether a unit starts now, given its experiences' weights ``left`` to train.
 
-    Yes when all that is left would end before ``deadline``; or, for a unit longer than a
-    whole start of ``start_seconds``, when its next experience would.
+    Yes when all that is left would end before ``deadline``; or, when a later start will find
+    its checkpoints (``resumable``: not ``--last-start``), when its next experience would.
     """
     now = time.time()
     if now + seconds_per_weight * sum(left) <= deadline:
         return True
-    return (bool(left) and start_seconds is not None and seconds_per_weight * whole > start_seconds
-            and now + seconds_per_weight * left[0] <= deadline)
+    return resumable and bool(left) and now + seconds_per_weight * left[0] <= deadline
 
 
 def init_worker(threads: int, gpus: int, counter: Any) -> None:
@@ -93,12 +91,14 @@ def load_data(unit: Unit, plan: dict[str, Any], config: Any = None) -> Any:
 
 def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline: float | None,
              seconds_per_weight: float = 0.0, execution: dict[str, Any] | None = None,
-             start_seconds: float | None = None) -> dict[str, Any] | None:
+             start_seconds: float | None = None, guessed: bool = False) -> dict[str, Any] | None:
     """Train one unit and return its record (read back when done); None when stopped by the deadline.
 
     ``seconds_per_weight``: an experience's expected seconds per unit of its weight, at least
-    (:func:`seconds_per_weight_of`). ``start_seconds``: how long a whole start lasts
-    (``--time-limit``), to tell a unit that needs several starts (see :func:`may_start`).
+    (:func:`seconds_per_weight_of`); ``guessed``: it is :func:`estimate_for`'s guess for a kind
+    not measured yet, which this unit's first experience replaces. ``start_seconds``: how long
+    a whole start lasts (``--time-limit``), None for the last start: then a unit starts only if
+    it would finish (see :func:`may_start`).
     ``execution``: how this start runs units, recorded with each (``commit``, ``device``, and
     ``compile_layers``, ``compile_model``: configuration that changes rounding only, so not part
     of the plan). The record's ``experience_s`` holds [experience number, seconds] of each
@@ -108,15 +108,16 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
 
     execution = execution or {}
     kind = unit_kind(unit)
-    _seconds_per_weight[kind] = max(_seconds_per_weight.get(kind, 0.0), seconds_per_weight)
+    if not guessed:
+        _seconds_per_weight[kind] = max(_seconds_per_weight.get(kind, 0.0), seconds_per_weight)
     record = Path(root) / "units" / f"{unit.name}.json"
     if record.is_file():
         return json.loads(record.read_text())
     weights = experience_weights(unit, plan)
     out, progress = Path(root) / "runs" / unit.name, _progress_path(root, unit)
     trained = int(progress.read_text()) if out.exists() and progress.is_file() else 0
-    rate = _seconds_per_weight[kind]
-    if deadline is not None and not may_start(rate, weights[trained:], sum(weights), deadline, start_seconds):
+    rate = _seconds_per_weight.get(kind, seconds_per_weight)
+    if deadline is not None and not may_start(rate, weights[trained:], deadline, start_seconds is not None):
         if start_seconds is not None and rate * weights[trained] > start_seconds:
             print(f"efficacy.py: unit {unit.name}: its next experience needs about {rate * weights[trained]:.0f} s, "
                   f"more than a whole start ({start_seconds:.0f} s); it cannot run under this --time-limit",
@@ -139,7 +140,7 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
         else:  # a joint run trains every experience in one step
             done, following = sum(weights), 0.0
         seconds.append([trained, now - last])
-        _seconds_per_weight[kind], last = max(_seconds_per_weight[kind], (now - last) / done), now
+        _seconds_per_weight[kind], last = max(_seconds_per_weight.get(kind, 0.0), (now - last) / done), now
         if deadline is not None and following and time.time() + _seconds_per_weight[kind] * following > deadline:
             raise _OutOfTime
 
@@ -204,8 +205,12 @@ def seconds_per_weight_of(records: Iterable[dict[str, Any]], plan: dict[str, Any
 
 
 def estimate_for(unit: Unit, rates: dict[tuple[str, str, str], float]) -> float:
-    """``unit``'s seconds per weight: its kind's rate, else the slowest kind's (0 when none finished)."""
-    return rates.get(unit_kind(unit), max(rates.values(), default=0.0))
+    """``unit``'s seconds per weight: its kind's rate; else, a guess, the slowest kind's of its
+    scenario (kinds differ less within a scenario than across: at 1025 tokens a domain EWC unit
+    took twice a class one), else of any scenario (0 when none finished)."""
+    kind = unit_kind(unit)
+    same_scenario = [rate for other, rate in rates.items() if other[0] == kind[0]]
+    return rates.get(kind, max(same_scenario or rates.values(), default=0.0))
 
 
 def run_units(units: Sequence[Unit], pool: concurrent.futures.Executor, plan: dict[str, Any], args: argparse.Namespace,
@@ -217,10 +222,10 @@ def run_units(units: Sequence[Unit], pool: concurrent.futures.Executor, plan: di
     archive).
     """
     rates = seconds_per_weight_of(finished_records(args.out).values(), plan)
-    # A unit longer than a whole start may begin now and go on in later starts, unless this is the last.
+    # A unit that would not finish may begin now and go on in later starts, unless this is the last.
     start_seconds = None if args.time_limit is None or args.last_start else 60 * args.time_limit
     futures = {pool.submit(run_unit, unit, plan, args.device, str(args.out), deadline, estimate_for(unit, rates),
-                           args.execution, start_seconds): unit for unit in units}
+                           args.execution, start_seconds, unit_kind(unit) not in rates): unit for unit in units}
     finished = stopped = failed = 0
     for future in concurrent.futures.as_completed(futures):
         unit = futures[future]

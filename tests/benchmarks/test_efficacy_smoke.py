@@ -215,23 +215,23 @@ def test_the_last_start_begins_no_unit_it_cannot_finish(tmp_path, monkeypatch, c
     plan = efficacy_plan.make_plan("short", [100, 101], [200, 201])
     units = efficacy_plan.tuning_units(plan, "task")[:1]
     starts = []
-    monkeypatch.setattr(efficacy_units, "run_unit", lambda unit, *args: starts.append(args[-1]))
+    monkeypatch.setattr(efficacy_units, "run_unit", lambda unit, *args: starts.append(args[-2:]))
     for last in (False, True):
         args = argparse.Namespace(out=tmp_path, device="cpu", execution={}, time_limit=10.0, last_start=last)
         assert efficacy_units.run_units(units, efficacy_units.InProcess(), plan, args, 1e12) == (0, 1, 0)
-    assert starts == [600.0, None]  # a whole start's seconds, or none: every unit must finish in this one
+    # A whole start's seconds, or none: every unit must finish in this one; no unit has finished, so its rate is a guess.
+    assert starts == [(600.0, True), (None, True)]
     assert efficacy.main(["--regime", "short", "--last-start"]) == 2
     assert capsys.readouterr().err.strip() == "efficacy.py: --last-start needs --time-limit"
 
 
 def test_may_start():
     later = time.time() + 100
-    assert efficacy_units.may_start(10.0, [5.0], 5.0, later, None)  # 50 s of 100
-    assert not efficacy_units.may_start(10.0, [6.0, 6.0], 12.0, later, None)  # 120 s, no start length
-    assert not efficacy_units.may_start(10.0, [6.0, 6.0], 12.0, later, 200.0)  # fits a whole start: wait
-    assert efficacy_units.may_start(10.0, [6.0, 6.0], 12.0, later, 110.0)  # longer than a start: go
-    assert not efficacy_units.may_start(10.0, [11.0, 1.0], 12.0, later, 110.0)  # its next experience won't end
-    assert not efficacy_units.may_start(10.0, [], 12.0, later - 200, 110.0)  # all trained, deadline passed
+    assert efficacy_units.may_start(10.0, [5.0], later, False)  # 50 s of 100
+    assert not efficacy_units.may_start(10.0, [6.0, 6.0], later, False)  # 120 s in the last start
+    assert efficacy_units.may_start(10.0, [6.0, 6.0], later, True)  # a later start goes on from the checkpoint
+    assert not efficacy_units.may_start(10.0, [11.0, 1.0], later, True)  # its next experience won't end
+    assert not efficacy_units.may_start(10.0, [], later - 200, True)  # all trained, deadline passed
 
 
 @pytest.mark.slow
@@ -384,18 +384,56 @@ def test_the_deadline_judges_each_experience_by_its_weight(tmp_path, monkeypatch
 
 
 def test_each_kind_of_unit_is_judged_by_its_own_rate():
-    """A slow kind's rate does not keep a cheap kind from starting; a kind never seen gets the slowest rate."""
+    """A slow kind's rate does not keep a cheap kind from starting; a kind never seen is guessed
+    by its scenario's slowest kind, or any scenario's when its own has none."""
     plan = efficacy_plan.make_plan("short", [100, 101], [200, 201])
     lwf, streamkl = (next(u for u in efficacy_plan.tuning_units(plan, "task") if u.strategy == name)
                      for name in ("lwf", "streamkl"))
-    records = [{"unit": dataclasses.asdict(unit), "wall_time_s": seconds} for unit, seconds in ((lwf, 300.0),
-                                                                                                 (streamkl, 100.0))]
+    domain = efficacy_plan.tuning_units(plan, "domain")
+    records = [{"unit": dataclasses.asdict(unit), "wall_time_s": seconds}
+               for unit, seconds in ((lwf, 300.0), (streamkl, 100.0), (domain[0], 800.0))]
     rates = efficacy_units.seconds_per_weight_of(records, plan)
     assert efficacy_units.estimate_for(streamkl, rates) == pytest.approx(100.0)  # the task weights sum to 1
     assert efficacy_units.estimate_for(lwf, rates) == pytest.approx(300.0)
     ewc = next(u for u in efficacy_plan.tuning_units(plan, "task") if u.strategy == "ewc")
-    assert efficacy_units.estimate_for(ewc, rates) == pytest.approx(300.0)
+    assert efficacy_units.estimate_for(ewc, rates) == pytest.approx(300.0)  # not the domain kind's 800
+    other_domain = next(u for u in domain if efficacy_units.unit_kind(u) != efficacy_units.unit_kind(domain[0]))
+    assert efficacy_units.estimate_for(other_domain, rates) == pytest.approx(800.0)
+    class_unit = efficacy_plan.tuning_units(plan, "class")[0]
+    assert efficacy_units.estimate_for(class_unit, rates) == pytest.approx(800.0)
     assert efficacy_units.estimate_for(ewc, {}) == 0.0
+
+
+def test_a_guessed_rate_gives_way_to_the_first_measured_experience(tmp_path, monkeypatch):
+    """A kind never measured starts on a guess; its first experience, not the guess, then judges the next."""
+    clock = {"now": 0.0}
+    monkeypatch.setattr(efficacy_units, "time", types.SimpleNamespace(time=lambda: clock["now"],
+                                                                      perf_counter=lambda: clock["now"]))
+    trained = []
+
+    def run_experiment(config, out, after_experience, **_):
+        for index in range(3):
+            clock["now"] += 6.0 if index == 0 else 2.0  # 10 s per weight: weights 0.6, 0.2, 0.2
+            trained.append(index + 1)
+            after_experience(index + 1, 3)
+        raise AssertionError("the deadline should have stopped the unit")
+
+    monkeypatch.setattr(efficacy_units, "load_data", lambda *_: None)
+    monkeypatch.setattr("cl_streamkl.experiment.runner.run_experiment", run_experiment)
+    monkeypatch.setattr(efficacy_units, "_seconds_per_weight", {})
+    plan = efficacy_plan.make_plan("short", [100, 101], [200, 201])
+    unit = efficacy_plan.tuning_units(plan, "task")[0]
+    # Guessed at 14 s per weight the first experience (0.6) would end at 8.4 s, by the 8.5 s deadline;
+    # it takes 6 s (10 s per weight), so the second (0.2) ends at 8 s: by the guess it would end at 8.8 s.
+    assert efficacy_units.run_unit(unit, plan, "cpu", str(tmp_path), 8.5, 14.0, start_seconds=8.5, guessed=True) is None
+    assert trained == [1, 2]
+    assert efficacy_units._seconds_per_weight[efficacy_units.unit_kind(unit)] == pytest.approx(10.0)
+    # Had the guess been a measurement, it would have stopped the unit after its first experience.
+    monkeypatch.setattr(efficacy_units, "_seconds_per_weight", {})
+    other = efficacy_plan.tuning_units(plan, "task")[1]
+    clock["now"], trained[:] = 0.0, []
+    assert efficacy_units.run_unit(other, plan, "cpu", str(tmp_path), 8.5, 14.0, start_seconds=8.5) is None
+    assert trained == [1]
 
 
 def test_a_stopped_unit_goes_on_from_the_archive_on_another_machine(tmp_path, monkeypatch):
