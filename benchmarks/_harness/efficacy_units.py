@@ -222,6 +222,10 @@ def run_units(units: Sequence[Unit], pool: concurrent.futures.Executor, plan: di
     archive).
     """
     rates = seconds_per_weight_of(finished_records(args.out).values(), plan)
+    # Units with checkpoints first (stable: otherwise in plan order): the last start finishes the
+    # work already paid for, and no more units are left half done than there are workers, which
+    # bounds what --archive carries.
+    units = sorted(units, key=lambda unit: not _progress_path(str(args.out), unit).is_file())
     # A unit that would not finish may begin now and go on in later starts, unless this is the last.
     start_seconds = None if args.time_limit is None or args.last_start else 60 * args.time_limit
     futures = {pool.submit(run_unit, unit, plan, args.device, str(args.out), deadline, estimate_for(unit, rates),

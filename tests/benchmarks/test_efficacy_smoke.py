@@ -225,6 +225,19 @@ def test_the_last_start_begins_no_unit_it_cannot_finish(tmp_path, monkeypatch, c
     assert capsys.readouterr().err.strip() == "efficacy.py: --last-start needs --time-limit"
 
 
+def test_units_with_checkpoints_start_first(tmp_path, monkeypatch):
+    plan = efficacy_plan.make_plan("short", [100, 101], [200, 201])
+    units = efficacy_plan.tuning_units(plan, "task")[:4]
+    for unit in (units[3], units[1]):
+        efficacy_units._progress_path(str(tmp_path), unit).parent.mkdir(parents=True, exist_ok=True)
+        efficacy_units._progress_path(str(tmp_path), unit).write_text("1\n")
+    order = []
+    monkeypatch.setattr(efficacy_units, "run_unit", lambda unit, *args: order.append(unit))
+    args = argparse.Namespace(out=tmp_path, device="cpu", execution={}, time_limit=10.0, last_start=True)
+    efficacy_units.run_units(units, efficacy_units.InProcess(), plan, args, 1e12)
+    assert order == [units[1], units[3], units[0], units[2]]
+
+
 def test_may_start():
     later = time.time() + 100
     assert efficacy_units.may_start(10.0, [5.0], later, False)  # 50 s of 100
