@@ -49,12 +49,12 @@ from typing import Any
 
 from _harness import efficacy_units
 from _harness.efficacy_plan import (
-    DEFAULT_SEEDS, PARTS, REGIMES, SCENARIOS, SETTINGS_PER_METHOD, TESTED, choose, fingerprint, make_plan,
+    DEFAULT_SEEDS, PARTS, REGIMES, SCENARIOS, SETTINGS_PER_METHOD, TESTED, Unit, choose, fingerprint, make_plan,
     test_units, tuning_units,
 )
 from _harness.efficacy_report import build_report, tuning_scores
 from _harness.efficacy_tables import decisive_scenarios, side_by_side
-from _harness.efficacy_units import InProcess, finished_records, init_worker, load_data, run_units
+from _harness.efficacy_units import InProcess, finished_records, init_worker, load_data, run_units, seconds_left
 from _harness.report import add_json_flag, write_json
 from cl_streamkl.experiment.config import ExperimentConfig
 
@@ -277,6 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         write_json(args.json, build_report(plan, finished_records(args.out), environment))
     started = stopped = failed = 0
+    planned: list[Unit] = []  # every unit this start was to run, finished or not
     if args.part != "plan":
         context = multiprocessing.get_context("spawn")
         counter = context.Value("i", 0)
@@ -302,6 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         continue
                     units += test_units(plan, scenario, {name: t["chosen"] for name, t in tables.items()})
                 todo = [unit for unit in units if unit.name not in records]
+                planned += todo
                 if args.max_units is not None:
                     todo = todo[:max(0, args.max_units - started)]
                 if todo:
@@ -319,8 +321,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{part} {done}/{total} units" for part, (done, total) in report["units"].items())
         + (f"; {stopped} stopped by the time limit (they resume from their checkpoints)" if stopped else "")
         + (f"; {failed} failed (see above)" if failed else "")
-        + f"; {time.time() - start:.0f} s")
+        + f"; {time.time() - start:.0f} s" + _time_left(planned, plan, args))
     return 1 if failed else 0
+
+
+def _time_left(units: list[Unit], plan: dict[str, Any], args: argparse.Namespace) -> str:
+    """What the unfinished ``units`` would still take with ``--workers`` sharing the machine, as the
+    finished units' slowest rates (measured with as many sharing) say: to plan device time by."""
+    count, seconds = seconds_left(units, plan, args.out)
+    if not count or seconds is None:
+        return ""
+    workers = max(1, args.workers)
+    return f"; the {count} units left need about {seconds / 60 / workers:.0f} min with {workers} workers at the " \
+           "slowest rates seen"
 
 
 if __name__ == "__main__":

@@ -213,6 +213,23 @@ def estimate_for(unit: Unit, rates: dict[tuple[str, str, str], float]) -> float:
     return rates.get(kind, max(same_scenario or rates.values(), default=0.0))
 
 
+def seconds_left(units: Iterable[Unit], plan: dict[str, Any], root: Path) -> tuple[int, float | None]:
+    """How many of ``units`` are unfinished, and the seconds of one worker they still need at the
+    slowest rates finished units took (:func:`estimate_for`; checkpointed experiences count as
+    done); None when no unit of ``plan`` has finished, so there is no rate to go by."""
+    records = finished_records(root)
+    rates = seconds_per_weight_of(records.values(), plan)
+    left = [unit for unit in units if unit.name not in records]
+    if not rates:
+        return len(left), None
+    total = 0.0
+    for unit in left:
+        progress = _progress_path(str(root), unit)
+        trained = int(progress.read_text()) if progress.is_file() else 0
+        total += estimate_for(unit, rates) * sum(experience_weights(unit, plan)[trained:])
+    return len(left), total
+
+
 def run_units(units: Sequence[Unit], pool: concurrent.futures.Executor, plan: dict[str, Any], args: argparse.Namespace,
               deadline: float | None) -> tuple[int, int, int]:
     """Run ``units``; returns (finished, stopped by the deadline, failed).

@@ -238,6 +238,19 @@ def test_units_with_checkpoints_start_first(tmp_path, monkeypatch):
     assert order == [units[1], units[3], units[0], units[2]]
 
 
+def test_seconds_left_go_by_the_finished_units_rates_and_the_checkpoints(tmp_path):
+    plan = efficacy_plan.make_plan("short", [100, 101], [200, 201])
+    units = [u for u in efficacy_plan.tuning_units(plan, "task") if u.strategy in ("lwf", "streamkl")][:3]
+    assert efficacy_units.seconds_left(units, plan, tmp_path) == (3, None)  # nothing finished: no rate
+    (tmp_path / "units").mkdir()
+    (tmp_path / "units" / f"{units[0].name}.json").write_text(json.dumps(
+        {"unit": dataclasses.asdict(units[0]), "wall_time_s": 100.0}))
+    efficacy_units._progress_path(str(tmp_path), units[2]).parent.mkdir(parents=True)
+    efficacy_units._progress_path(str(tmp_path), units[2]).write_text("1\n")  # 0.6 of its weights trained
+    # 100 s per weight for every task kind (its own, or the scenario's slowest); task weights sum to 1.
+    assert efficacy_units.seconds_left(units, plan, tmp_path) == (2, pytest.approx(100.0 + 0.4 * 100.0))
+
+
 def test_may_start():
     later = time.time() + 100
     assert efficacy_units.may_start(10.0, [5.0], later, False)  # 50 s of 100
