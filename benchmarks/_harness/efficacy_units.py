@@ -119,8 +119,9 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
     rate = _seconds_per_weight.get(kind, seconds_per_weight)
     if deadline is not None and not may_start(rate, weights[trained:], deadline, start_seconds is not None):
         if start_seconds is not None and rate * weights[trained] > start_seconds:
-            print(f"efficacy.py: unit {unit.name}: its next experience needs about {rate * weights[trained]:.0f} s, "
-                  f"more than a whole start ({start_seconds:.0f} s); it cannot run under this --time-limit",
+            basis = " (guessed: no unit of its kind has finished)" if kind not in _seconds_per_weight else ""
+            print(f"efficacy.py: unit {unit.name}: its next experience needs about {rate * weights[trained]:.0f} s"
+                  f"{basis}, more than a whole start ({start_seconds:.0f} s); it cannot run under this --time-limit",
                   file=sys.stderr, flush=True)
         return None
     config = ExperimentConfig.from_dict({**unit.config_fields(plan), "device": device, "out": str(out),

@@ -205,6 +205,10 @@ def test_a_unit_longer_than_a_start_runs_over_several_starts(tmp_path, monkeypat
     readings[:] = [0.0]
     assert efficacy_units.run_unit(other, plan, "cpu", root, 40.0, 100.0, start_seconds=40.0) is None
     assert "its next experience needs about 60 s, more than a whole start (40 s)" in capsys.readouterr().err
+    efficacy_units._seconds_per_weight.clear()  # as if no unit of its kind had run: the 100 s is a guess
+    readings[:] = [0.0]
+    assert efficacy_units.run_unit(other, plan, "cpu", root, 40.0, 100.0, start_seconds=40.0, guessed=True) is None
+    assert "about 60 s (guessed: no unit of its kind has finished), more than" in capsys.readouterr().err
     # Without --time-limit's length a unit that does not fit waits for a start where all of it does.
     readings[:] = [0.0]
     assert efficacy_units.run_unit(other, plan, "cpu", root, 90.0, 100.0) is None
