@@ -46,6 +46,12 @@ def _progress_path(root: str, unit: Unit) -> Path:
     return Path(root) / "runs" / f"{unit.name}.trained"
 
 
+def _trained(root: str, unit: Unit) -> int:
+    """How many experiences ``unit`` has checkpointed under ``root`` (0: none, or its run folder is gone)."""
+    progress = _progress_path(root, unit)
+    return int(progress.read_text()) if (Path(root) / "runs" / unit.name).exists() and progress.is_file() else 0
+
+
 def may_start(seconds_per_weight: float, left: Sequence[float], deadline: float, resumable: bool) -> bool:
     """Whether a unit starts now, given its experiences' weights ``left`` to train.
 
@@ -115,7 +121,7 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
         return json.loads(record.read_text())
     weights = experience_weights(unit, plan)
     out, progress = Path(root) / "runs" / unit.name, _progress_path(root, unit)
-    trained = int(progress.read_text()) if out.exists() and progress.is_file() else 0
+    trained = _trained(root, unit)
     rate = _seconds_per_weight.get(kind, seconds_per_weight)
     if deadline is not None and not may_start(rate, weights[trained:], deadline, start_seconds is not None):
         if start_seconds is not None and rate * weights[trained] > start_seconds:
@@ -223,11 +229,8 @@ def seconds_left(units: Iterable[Unit], plan: dict[str, Any], root: Path) -> tup
     left = [unit for unit in units if unit.name not in records]
     if not rates:
         return len(left), None
-    total = 0.0
-    for unit in left:
-        progress = _progress_path(str(root), unit)
-        trained = int(progress.read_text()) if progress.is_file() else 0
-        total += estimate_for(unit, rates) * sum(experience_weights(unit, plan)[trained:])
+    total = sum(estimate_for(unit, rates) * sum(experience_weights(unit, plan)[_trained(str(root), unit):])
+                for unit in left)
     return len(left), total
 
 
@@ -243,7 +246,7 @@ def run_units(units: Sequence[Unit], pool: concurrent.futures.Executor, plan: di
     # Units with checkpoints first (stable: otherwise in plan order): the last start finishes the
     # work already paid for, and no more units are left half done than there are workers, which
     # bounds what --archive carries.
-    units = sorted(units, key=lambda unit: not _progress_path(str(args.out), unit).is_file())
+    units = sorted(units, key=lambda unit: _trained(str(args.out), unit) == 0)
     # A unit that would not finish may begin now and go on in later starts, unless this is the last.
     start_seconds = None if args.time_limit is None or args.last_start else 60 * args.time_limit
     futures = {pool.submit(run_unit, unit, plan, args.device, str(args.out), deadline, estimate_for(unit, rates),

@@ -232,9 +232,10 @@ def test_the_last_start_begins_no_unit_it_cannot_finish(tmp_path, monkeypatch, c
 def test_units_with_checkpoints_start_first(tmp_path, monkeypatch):
     plan = efficacy_plan.make_plan("short", [100, 101], [200, 201])
     units = efficacy_plan.tuning_units(plan, "task")[:4]
-    for unit in (units[3], units[1]):
-        efficacy_units._progress_path(str(tmp_path), unit).parent.mkdir(parents=True, exist_ok=True)
+    for unit in (units[3], units[1]):  # checkpointed: a run folder and its progress beside it
+        (tmp_path / "runs" / unit.name).mkdir(parents=True)
         efficacy_units._progress_path(str(tmp_path), unit).write_text("1\n")
+    efficacy_units._progress_path(str(tmp_path), units[2]).write_text("1\n")  # its folder gone: starts afresh
     order = []
     monkeypatch.setattr(efficacy_units, "run_unit", lambda unit, *args: order.append(unit))
     args = argparse.Namespace(out=tmp_path, device="cpu", execution={}, time_limit=10.0, last_start=True)
@@ -249,7 +250,7 @@ def test_seconds_left_go_by_the_finished_units_rates_and_the_checkpoints(tmp_pat
     (tmp_path / "units").mkdir()
     (tmp_path / "units" / f"{units[0].name}.json").write_text(json.dumps(
         {"unit": dataclasses.asdict(units[0]), "wall_time_s": 100.0}))
-    efficacy_units._progress_path(str(tmp_path), units[2]).parent.mkdir(parents=True)
+    (tmp_path / "runs" / units[2].name).mkdir(parents=True)
     efficacy_units._progress_path(str(tmp_path), units[2]).write_text("1\n")  # 0.6 of its weights trained
     # 100 s per weight for every task kind (its own, or the scenario's slowest); task weights sum to 1.
     assert efficacy_units.seconds_left(units, plan, tmp_path) == (2, pytest.approx(100.0 + 0.4 * 100.0))
