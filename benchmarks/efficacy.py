@@ -54,7 +54,9 @@ from _harness.efficacy_plan import (
 )
 from _harness.efficacy_report import build_report, tuning_scores
 from _harness.efficacy_tables import decisive_scenarios, side_by_side
-from _harness.efficacy_units import InProcess, finished_records, init_worker, load_data, run_units, seconds_left
+from _harness.efficacy_units import (
+    InProcess, finished_records, init_worker, load_data, reference_rates, run_units, seconds_left,
+)
 from _harness.report import add_json_flag, write_json
 from cl_streamkl.experiment.config import ExperimentConfig
 
@@ -164,6 +166,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--time-limit", type=float, metavar="MINUTES",
                         help="start no experience that would end after this many minutes (a unit that would "
                              "not finish still starts; it goes on from its checkpoints in the next start)")
+    parser.add_argument("--hard-limit", type=float, metavar="MINUTES",
+                        help="kill the workers still training this many minutes after the start (each unit loses "
+                             "the experience it is in and keeps its checkpoints), then write the report and "
+                             "--archive: for a machine that ends the call at its own limit, should an experience "
+                             "run past --time-limit; needs --workers >= 1")
     parser.add_argument("--last-start", action="store_true",
                         help="with --time-limit: the machine's last start, so start no unit that would not finish "
                              "in it (its checkpoints would be lost with the machine)")
@@ -202,6 +209,11 @@ def _argument_error(args: argparse.Namespace) -> str | None:
         return f"--strategies: {', '.join(unknown)} not in the study ({', '.join(sorted(known))})"
     if args.time_limit is not None and args.time_limit <= 0:
         return "--time-limit must be > 0"
+    if args.hard_limit is not None:
+        if args.workers == 0:
+            return "--hard-limit needs worker processes (--workers >= 1)"
+        if args.hard_limit < (args.time_limit or 0) or args.hard_limit <= 0:
+            return "--hard-limit must be > 0 and not below --time-limit"
     if args.last_start and args.time_limit is None:
         return "--last-start needs --time-limit"
     if "decisive" in (args.plan_scenarios or ()):
@@ -229,8 +241,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     start = time.time()
     deadline = None if args.time_limit is None else start + 60 * args.time_limit
+    hard_deadline = None if args.hard_limit is None else start + 60 * args.hard_limit
     val_seeds, test_seeds = DEFAULT_SEEDS[args.regime]
     settings_from = None if args.settings_from is None else json.loads(args.settings_from.read_text())
+    # A kind no unit of this plan has finished is guessed by its cost relative to others there.
+    args.reference = reference_rates(settings_from)
     if args.plan_scenarios == ["decisive"]:
         try:
             args.plan_scenarios = decisive_scenarios(settings_from)
@@ -308,8 +323,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                     todo = todo[:max(0, args.max_units - started)]
                 if todo:
                     load_data(todo[0], plan)  # generated here once, not by every worker at the same time
-                finished, halted, broken = run_units(todo, pool, plan, args, deadline)
+                finished, halted, broken = run_units(todo, pool, plan, args, deadline, hard_deadline)
                 started, stopped, failed = started + finished + halted + broken, stopped + halted, failed + broken
+                if hard_deadline is not None and time.time() >= hard_deadline:
+                    break  # the workers are gone
     report = build_report(plan, finished_records(args.out), environment)
     if args.json:
         write_json(args.json, report)
@@ -328,7 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _time_left(units: list[Unit], plan: dict[str, Any], args: argparse.Namespace) -> str:
     """What the unfinished ``units`` would still take with ``--workers`` sharing the machine, as the
     finished units' slowest rates (measured with as many sharing) say: to plan device time by."""
-    count, seconds = seconds_left(units, plan, args.out)
+    count, seconds = seconds_left(units, plan, args.out, args.reference)
     if not count or seconds is None:
         return ""
     workers = max(1, args.workers)

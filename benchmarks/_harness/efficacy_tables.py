@@ -279,7 +279,8 @@ def goal(reports: Sequence[dict[str, Any]]) -> list[str]:
             tested = _comparisons({scenario: _part(report, scenario)["paired"] for scenario in SCENARIOS})
             wanted = tested & _comparisons(gains.get("long", {}))
             held = _comparisons(found)
-            need = f"{len(wanted & held)} of the {len(wanted)} gains seen at 1025 tokens that it tests hold"
+            need = (f"{len(wanted & held)} of the {len(wanted)} gains seen at 1025 tokens that it tests hold" if wanted
+                    else "no gain seen at 1025 tokens among the comparisons it makes")
         against_pad = ("Significantly worse than PAD: " + "; ".join(f"{scenario}: {_finding(e)}" for scenario, e in worse)
                        if worse else "Nowhere significantly worse than PAD")
         lines.append(f"- {tokens} tokens{interim}: StreamKL gains ({need}): {where}. {against_pad}.")

@@ -12,6 +12,7 @@ import argparse
 import concurrent.futures
 import dataclasses
 import json
+import multiprocessing
 import os
 import shutil
 import sys
@@ -23,16 +24,18 @@ from typing import Any
 
 from _harness.efficacy_plan import Unit, experience_weights
 from cl_streamkl.experiment.config import ExperimentConfig
+from cl_streamkl.experiment.files import write_atomically
 
 # Seconds per unit of experience weight (:func:`experience_weights`: one pass over all
-# classes' data) a worker has measured at most per kind of unit (:func:`unit_kind`), from
-# finished units and then from its own experiences. A running unit stops after an experience
-# when the next would pass the deadline, so a time-limited start ends between experiences,
-# every one of them checkpointed. Per kind, because kinds differ two-fold (a domain StreamKL
-# unit against a task LwF one): one rate for all would let a start's last minutes, which fit a
-# cheap unit, go unused. A kind not measured yet is judged by a guess (:func:`estimate_for`)
-# that its first experience replaces: a guess kept as the kind's rate would hold every such
-# unit to the slowest kind's pace.
+# classes' data) this worker has measured at most per kind of unit (:func:`unit_kind`) in its
+# own experiences; a unit starting also reads the finished units' rates from disk
+# (:func:`known_rates`), so a worker knows what the others finished since the start began. A
+# running unit stops after an experience when the next would pass the deadline, so a
+# time-limited start ends between experiences, every one of them checkpointed. Per kind,
+# because kinds differ two-fold (a domain StreamKL unit against a task LwF one): one rate for
+# all would let a start's last minutes, which fit a cheap unit, go unused. A kind not measured
+# yet is judged by a guess (:func:`estimate_for`) that its first experience replaces: a guess
+# kept as the kind's rate would hold every such unit to the slowest kind's pace.
 _seconds_per_weight: dict[tuple[str, str, str], float] = {}
 _splits_cache: dict[str, Any] = {}
 
@@ -96,15 +99,16 @@ def load_data(unit: Unit, plan: dict[str, Any], config: Any = None) -> Any:
 
 
 def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline: float | None,
-             seconds_per_weight: float = 0.0, execution: dict[str, Any] | None = None,
-             start_seconds: float | None = None, guessed: bool = False) -> dict[str, Any] | None:
+             execution: dict[str, Any] | None = None, start_seconds: float | None = None,
+             reference: dict[tuple[str, str, str], float] | None = None) -> dict[str, Any] | None:
     """Train one unit and return its record (read back when done); None when stopped by the deadline.
 
-    ``seconds_per_weight``: an experience's expected seconds per unit of its weight, at least
-    (:func:`seconds_per_weight_of`); ``guessed``: it is :func:`estimate_for`'s guess for a kind
-    not measured yet, which this unit's first experience replaces. ``start_seconds``: how long
-    a whole start lasts (``--time-limit``), None for the last start: then a unit starts only if
-    it would finish (see :func:`may_start`).
+    The unit is judged, when it starts, by its kind's rate among :func:`known_rates` (the
+    finished units under ``root`` and this worker's own experiences), or else by
+    :func:`estimate_for`'s guess from them and ``reference`` (another regime's rates), which
+    its first experience replaces. ``start_seconds``: how long a whole start lasts
+    (``--time-limit``), None for the last start: then a unit starts only if it would finish
+    (see :func:`may_start`).
     ``execution``: how this start runs units, recorded with each (``commit``, ``device``, and
     ``compile_layers``, ``compile_model``: configuration that changes rounding only, so not part
     of the plan). The record's ``experience_s`` holds [experience number, seconds] of each
@@ -114,18 +118,17 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
 
     execution = execution or {}
     kind = unit_kind(unit)
-    if not guessed:
-        _seconds_per_weight[kind] = max(_seconds_per_weight.get(kind, 0.0), seconds_per_weight)
     record = Path(root) / "units" / f"{unit.name}.json"
     if record.is_file():
         return json.loads(record.read_text())
     weights = experience_weights(unit, plan)
     out, progress = Path(root) / "runs" / unit.name, _progress_path(root, unit)
     trained = _trained(root, unit)
-    rate = _seconds_per_weight.get(kind, seconds_per_weight)
+    rates = known_rates(root, plan)
+    rate, guessed = estimate_for(unit, rates, reference), kind not in rates
     if deadline is not None and not may_start(rate, weights[trained:], deadline, start_seconds is not None):
         if start_seconds is not None and rate * weights[trained] > start_seconds:
-            basis = " (guessed: no unit of its kind has finished)" if kind not in _seconds_per_weight else ""
+            basis = " (guessed: no unit of its kind has finished)" if guessed else ""
             print(f"efficacy.py: unit {unit.name}: its next experience needs about {rate * weights[trained]:.0f} s"
                   f"{basis}, more than a whole start ({start_seconds:.0f} s); it cannot run under this --time-limit",
                   file=sys.stderr, flush=True)
@@ -138,17 +141,19 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
     seconds: list[list[float]] = []  # [experience number, seconds] of those trained in this start
 
     def after_experience(trained: int, count: int) -> None:
-        nonlocal last
+        nonlocal last, rate, guessed
         now = time.perf_counter()
         if count == len(weights):
             done, following = weights[trained - 1], weights[trained] if trained < count else 0.0
-            progress.parent.mkdir(parents=True, exist_ok=True)
-            progress.write_text(f"{trained}\n")
+            # Atomically: --hard-limit may stop this process at any moment.
+            write_atomically(progress, lambda handle: handle.write(f"{trained}\n".encode()))
         else:  # a joint run trains every experience in one step
             done, following = sum(weights), 0.0
         seconds.append([trained, now - last])
-        _seconds_per_weight[kind], last = max(_seconds_per_weight.get(kind, 0.0), (now - last) / done), now
-        if deadline is not None and following and time.time() + _seconds_per_weight[kind] * following > deadline:
+        measured, last = (now - last) / done, now
+        rate, guessed = (measured if guessed else max(rate, measured)), False
+        _seconds_per_weight[kind] = max(_seconds_per_weight.get(kind, 0.0), measured)
+        if deadline is not None and following and time.time() + rate * following > deadline:
             raise _OutOfTime
 
     try:
@@ -211,62 +216,113 @@ def seconds_per_weight_of(records: Iterable[dict[str, Any]], plan: dict[str, Any
     return rates
 
 
-def estimate_for(unit: Unit, rates: dict[tuple[str, str, str], float]) -> float:
-    """``unit``'s seconds per weight: its kind's rate; else, a guess, the slowest kind's of its
-    scenario (kinds differ less within a scenario than across: at 1025 tokens a domain EWC unit
-    took twice a class one), else of any scenario (0 when none finished)."""
+def known_rates(root: str, plan: dict[str, Any]) -> dict[tuple[str, str, str], float]:
+    """Per :func:`unit_kind`, the most seconds per weight that a finished unit under ``root``
+    took or that this worker measured in one experience."""
+    rates = seconds_per_weight_of(finished_records(Path(root)).values(), plan)
+    for kind, rate in _seconds_per_weight.items():
+        rates[kind] = max(rate, rates.get(kind, 0.0))
+    return rates
+
+
+def reference_rates(report: dict[str, Any] | None) -> dict[tuple[str, str, str], float]:
+    """:func:`seconds_per_weight_of` the test part of another regime's report (how the costly
+    regimes' units run); empty without one, or without records."""
+    if report is None or "plan" not in report:
+        return {}
+    return seconds_per_weight_of([record for record in report.get("records", {}).values()
+                                  if record["unit"]["part"] == "test"], report["plan"])
+
+
+def estimate_for(unit: Unit, rates: dict[tuple[str, str, str], float],
+                 reference: dict[tuple[str, str, str], float] | None = None) -> float:
+    """``unit``'s seconds per weight: its kind's rate; else a guess from the kinds of its
+    scenario that have one (kinds differ less within a scenario than across: at 1025 tokens a
+    domain EWC unit took twice a class one), else of any scenario (0 when none finished).
+
+    The guess scales each such kind's rate by how much slower ``unit``'s kind was than it in
+    ``reference`` (another regime's rates, :func:`reference_rates`) and takes the largest; with
+    no reference for the pair, the slowest such kind's rate. Why the scaling: at 4097 tokens
+    only the naive units had finished when the teacher-bearing kinds began, and naive's rate
+    guessed them at a third of what LwF took at 1025 tokens.
+    """
     kind = unit_kind(unit)
-    same_scenario = [rate for other, rate in rates.items() if other[0] == kind[0]]
-    return rates.get(kind, max(same_scenario or rates.values(), default=0.0))
+    if kind in rates:
+        return rates[kind]
+    known = {other: rate for other, rate in rates.items() if other[0] == kind[0]} or rates
+    reference = reference or {}
+    return max((rate * reference[kind] / reference[other] if reference.get(kind) and reference.get(other) else rate
+                for other, rate in known.items()), default=0.0)
 
 
-def seconds_left(units: Iterable[Unit], plan: dict[str, Any], root: Path) -> tuple[int, float | None]:
+def seconds_left(units: Iterable[Unit], plan: dict[str, Any], root: Path,
+                 reference: dict[tuple[str, str, str], float] | None = None) -> tuple[int, float | None]:
     """How many of ``units`` are unfinished, and the seconds of one worker they still need at the
-    slowest rates finished units took (:func:`estimate_for`; checkpointed experiences count as
-    done); None when no unit of ``plan`` has finished, so there is no rate to go by."""
+    slowest rates finished units took, kinds not finished yet guessed (:func:`estimate_for` with
+    ``reference``; checkpointed experiences count as done); None when no unit of ``plan`` has
+    finished, so there is no rate to go by."""
     records = finished_records(root)
     rates = seconds_per_weight_of(records.values(), plan)
     left = [unit for unit in units if unit.name not in records]
     if not rates:
         return len(left), None
-    total = sum(estimate_for(unit, rates) * sum(experience_weights(unit, plan)[_trained(str(root), unit):])
+    total = sum(estimate_for(unit, rates, reference) * sum(experience_weights(unit, plan)[_trained(str(root), unit):])
                 for unit in left)
     return len(left), total
 
 
 def run_units(units: Sequence[Unit], pool: concurrent.futures.Executor, plan: dict[str, Any], args: argparse.Namespace,
-              deadline: float | None) -> tuple[int, int, int]:
-    """Run ``units``; returns (finished, stopped by the deadline, failed).
+              deadline: float | None, hard_deadline: float | None = None) -> tuple[int, int, int]:
+    """Run ``units``; returns (finished, stopped by the deadline or the hard deadline, failed).
 
     A unit that raises is reported on stderr and the others go on: one broken run must not
     cost a time-limited machine call every other unit's work (its checkpoints stay in the
-    archive).
+    archive). At ``hard_deadline`` (``--hard-limit``) the pool's worker processes are killed:
+    the units they were training lose the experience they were in and keep their checkpoints,
+    and the caller still writes its report and archive; the pool is then unusable.
     """
-    rates = seconds_per_weight_of(finished_records(args.out).values(), plan)
     # Units with checkpoints first (stable: otherwise in plan order): the last start finishes the
     # work already paid for, and no more units are left half done than there are workers, which
     # bounds what --archive carries.
     units = sorted(units, key=lambda unit: _trained(str(args.out), unit) == 0)
     # A unit that would not finish may begin now and go on in later starts, unless this is the last.
     start_seconds = None if args.time_limit is None or args.last_start else 60 * args.time_limit
-    futures = {pool.submit(run_unit, unit, plan, args.device, str(args.out), deadline, estimate_for(unit, rates),
-                           args.execution, start_seconds, unit_kind(unit) not in rates): unit for unit in units}
+    futures = {pool.submit(run_unit, unit, plan, args.device, str(args.out), deadline, args.execution, start_seconds,
+                           args.reference): unit for unit in units}
     finished = stopped = failed = 0
-    for future in concurrent.futures.as_completed(futures):
-        unit = futures[future]
-        try:
-            record = future.result()
-        except Exception as err:
-            failed += 1
-            detail = "".join(traceback.format_exception(err)).rstrip()
-            print(f"efficacy.py: unit {unit.name} failed: {type(err).__name__}: {err}\n{detail}", file=sys.stderr,
-                  flush=True)
-            continue
-        if record is None:
-            stopped += 1
-            continue
-        finished += 1
-        last = record["accuracy_matrix"][-1]
-        print(f"[{finished}/{len(units)}] {unit.name}: mean experience accuracy {100 * sum(last) / len(last):.1f} % "
-              f"({record['process_s']:.0f} s)", flush=True)
+    waiting = None if hard_deadline is None else max(0.0, hard_deadline - time.time())
+    try:
+        for future in concurrent.futures.as_completed(futures, timeout=waiting):
+            unit = futures[future]
+            try:
+                record = future.result()
+            except Exception as err:
+                failed += 1
+                detail = "".join(traceback.format_exception(err)).rstrip()
+                print(f"efficacy.py: unit {unit.name} failed: {type(err).__name__}: {err}\n{detail}",
+                      file=sys.stderr, flush=True)
+                continue
+            if record is None:
+                stopped += 1
+                continue
+            finished += 1
+            last = record["accuracy_matrix"][-1]
+            print(f"[{finished}/{len(units)}] {unit.name}: mean experience accuracy "
+                  f"{100 * sum(last) / len(last):.1f} % ({record['process_s']:.0f} s)", flush=True)
+    except concurrent.futures.TimeoutError:
+        cut = sum(not future.done() for future in futures)
+        pool.shutdown(wait=False, cancel_futures=True)
+        _kill_workers()
+        stopped += cut
+        print(f"efficacy.py: --hard-limit reached: {cut} units stopped or never started (those training lose "
+              "the experience they were in and resume from their checkpoints)", file=sys.stderr, flush=True)
     return finished, stopped, failed
+
+
+def _kill_workers() -> None:
+    """Kill this process's child processes (the pool's workers), waiting up to 10 s for them."""
+    children = multiprocessing.active_children()
+    for child in children:
+        child.kill()  # not terminate(): a process inside a CUDA call may not act on SIGTERM soon
+    for child in children:
+        child.join(10)

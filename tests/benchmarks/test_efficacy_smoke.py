@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import multiprocessing
 import time
 import types
 
@@ -112,6 +113,10 @@ def test_the_goal_is_judged_from_the_long_token_reports():
     assert efficacy_tables.goal([long, long4097])[1] == (
         "- 4097 tokens (interim: 25/240 test units): StreamKL gains (0 of the 1 gains seen at 1025 tokens that it "
         "tests hold): none. Nowhere significantly worse than PAD.")
+    # With no gain at 1025 tokens there is nothing to hold: the line says so rather than "0 of the 0".
+    none = report("long", 240, {"task": [entry("streamkl", "naive", "stream_accuracy", 9.8, p_holm=0.26)]})
+    assert "StreamKL gains (no gain seen at 1025 tokens among the comparisons it makes): none." in (
+        efficacy_tables.goal([none, long4097])[1])
     half = report("long", 52, {"task": long["scenarios"]["task"]["paired"][:1]})
     assert "(1 of the 2 scenarios needed, so far)" in efficacy_tables.goal([half])[0]
 
@@ -187,31 +192,34 @@ def test_a_unit_longer_than_a_start_runs_over_several_starts(tmp_path, monkeypat
     readings = []
     monkeypatch.setattr(efficacy_units, "time", types.SimpleNamespace(
         time=lambda: readings.pop(0), perf_counter=time.perf_counter))
-    efficacy_units._seconds_per_weight.clear()
+    monkeypatch.setattr(efficacy_units, "_seconds_per_weight", {efficacy_units.unit_kind(unit): 50.0})
     root = str(tmp_path)
 
     # 50 s a pass, a 40 s start: the unit needs several. Its first 30 s experience fits before 45.
     readings[:] = [0.0, 30.0, 60.0]  # start; after the first experience; after the second
-    assert efficacy_units.run_unit(unit, plan, "cpu", root, 45.0, 50.0, start_seconds=40.0) is None
+    assert efficacy_units.run_unit(unit, plan, "cpu", root, 45.0, start_seconds=40.0) is None
     assert (tmp_path / "runs" / f"{unit.name}.trained").read_text() == "2\n" and not readings
     # Next start: what is left (10 s) fits, though the whole unit (50 s) would not.
     readings[:] = [100.0]
-    record = efficacy_units.run_unit(unit, plan, "cpu", root, 115.0, 50.0)
+    record = efficacy_units.run_unit(unit, plan, "cpu", root, 115.0)
     assert record is not None and [number for number, _ in record["experience_s"]] == [3]
     assert not (tmp_path / "runs" / f"{unit.name}.trained").exists() and not (tmp_path / "runs" / unit.name).exists()
 
     # A fresh unit whose first experience (60 s) is longer than a whole start never starts, and says so.
     other = next(u for u in efficacy_plan.tuning_units(plan, "class") if u.strategy == "lwf")
+    efficacy_units._seconds_per_weight[efficacy_units.unit_kind(other)] = 100.0
     readings[:] = [0.0]
-    assert efficacy_units.run_unit(other, plan, "cpu", root, 40.0, 100.0, start_seconds=40.0) is None
+    assert efficacy_units.run_unit(other, plan, "cpu", root, 40.0, start_seconds=40.0) is None
     assert "its next experience needs about 60 s, more than a whole start (40 s)" in capsys.readouterr().err
-    efficacy_units._seconds_per_weight.clear()  # as if no unit of its kind had run: the 100 s is a guess
+    # As if no unit of its kind had run: 100 s is a guess, from the other kind of its scenario.
+    efficacy_units._seconds_per_weight.clear()
+    efficacy_units._seconds_per_weight[efficacy_units.unit_kind(unit)] = 100.0
     readings[:] = [0.0]
-    assert efficacy_units.run_unit(other, plan, "cpu", root, 40.0, 100.0, start_seconds=40.0, guessed=True) is None
+    assert efficacy_units.run_unit(other, plan, "cpu", root, 40.0, start_seconds=40.0) is None
     assert "about 60 s (guessed: no unit of its kind has finished), more than" in capsys.readouterr().err
     # Without --time-limit's length a unit that does not fit waits for a start where all of it does.
     readings[:] = [0.0]
-    assert efficacy_units.run_unit(other, plan, "cpu", root, 90.0, 100.0) is None
+    assert efficacy_units.run_unit(other, plan, "cpu", root, 90.0) is None
     assert not (tmp_path / "runs" / other.name).exists()
 
 
@@ -221,10 +229,11 @@ def test_the_last_start_begins_no_unit_it_cannot_finish(tmp_path, monkeypatch, c
     starts = []
     monkeypatch.setattr(efficacy_units, "run_unit", lambda unit, *args: starts.append(args[-2:]))
     for last in (False, True):
-        args = argparse.Namespace(out=tmp_path, device="cpu", execution={}, time_limit=10.0, last_start=last)
+        args = argparse.Namespace(out=tmp_path, device="cpu", execution={}, time_limit=10.0, last_start=last,
+                                  reference={})
         assert efficacy_units.run_units(units, efficacy_units.InProcess(), plan, args, 1e12) == (0, 1, 0)
-    # A whole start's seconds, or none: every unit must finish in this one; no unit has finished, so its rate is a guess.
-    assert starts == [(600.0, True), (None, True)]
+    # A whole start's seconds, or none: every unit must finish in this one.
+    assert starts == [(600.0, {}), (None, {})]
     assert efficacy.main(["--regime", "short", "--last-start"]) == 2
     assert capsys.readouterr().err.strip() == "efficacy.py: --last-start needs --time-limit"
 
@@ -238,7 +247,8 @@ def test_units_with_checkpoints_start_first(tmp_path, monkeypatch):
     efficacy_units._progress_path(str(tmp_path), units[2]).write_text("1\n")  # its folder gone: starts afresh
     order = []
     monkeypatch.setattr(efficacy_units, "run_unit", lambda unit, *args: order.append(unit))
-    args = argparse.Namespace(out=tmp_path, device="cpu", execution={}, time_limit=10.0, last_start=True)
+    args = argparse.Namespace(out=tmp_path, device="cpu", execution={}, time_limit=10.0, last_start=True,
+                              reference={})
     efficacy_units.run_units(units, efficacy_units.InProcess(), plan, args, 1e12)
     assert order == [units[1], units[3], units[0], units[2]]
 
@@ -368,7 +378,8 @@ def test_a_failed_unit_is_reported_and_the_others_go_on(tmp_path, monkeypatch, c
         return {"accuracy_matrix": [[0.5, 0.5]], "process_s": 1.0}
 
     monkeypatch.setattr(efficacy_units, "run_unit", run_unit)
-    args = argparse.Namespace(out=tmp_path, device="cpu", execution={}, time_limit=None, last_start=False)
+    args = argparse.Namespace(out=tmp_path, device="cpu", execution={}, time_limit=None, last_start=False,
+                              reference={})
     assert efficacy_units.run_units(units, efficacy_units.InProcess(), plan, args, None) == (2, 0, 1)
     err = capsys.readouterr().err
     assert f"unit {units[1].name} failed: RuntimeError: CUDA error: out of memory" in err
@@ -433,6 +444,49 @@ def test_each_kind_of_unit_is_judged_by_its_own_rate():
     class_unit = efficacy_plan.tuning_units(plan, "class")[0]
     assert efficacy_units.estimate_for(class_unit, rates) == pytest.approx(800.0)
     assert efficacy_units.estimate_for(ewc, {}) == 0.0
+    # With another regime's rates, a guess keeps the kinds' ratio there: lwf took three times streamkl.
+    only_streamkl = {efficacy_units.unit_kind(streamkl): 50.0}
+    reference = {efficacy_units.unit_kind(lwf): 300.0, efficacy_units.unit_kind(streamkl): 100.0}
+    assert efficacy_units.estimate_for(lwf, only_streamkl) == pytest.approx(50.0)
+    assert efficacy_units.estimate_for(lwf, only_streamkl, reference) == pytest.approx(150.0)
+    assert efficacy_units.estimate_for(ewc, only_streamkl, reference) == pytest.approx(50.0)  # not in it
+
+
+def test_a_unit_is_judged_by_what_other_workers_finished_since_the_start(tmp_path, monkeypatch):
+    """The rates a start began with are stale once any worker finishes a unit: a unit starting reads
+    the finished records on disk, so a kind measured slow meanwhile does not start past the deadline."""
+    monkeypatch.setattr(efficacy_units, "_seconds_per_weight", {})
+    monkeypatch.setattr(efficacy_units, "load_data", lambda *_: pytest.fail("the unit should not start"))
+    plan = efficacy_plan.make_plan("short", [100, 101], [200, 201])
+    unit, *others = efficacy_plan.tuning_units(plan, "task")
+    finished = next(u for u in others if efficacy_units.unit_kind(u) == efficacy_units.unit_kind(unit))
+    (tmp_path / "units").mkdir()
+    (tmp_path / "units" / f"{finished.name}.json").write_text(json.dumps(
+        {"unit": dataclasses.asdict(finished), "wall_time_s": 1000.0}))  # task weights sum to 1
+    assert efficacy_units.run_unit(unit, plan, "cpu", str(tmp_path), time.time() + 500.0, start_seconds=600.0) is None
+
+
+def test_the_hard_limit_kills_the_workers_and_still_writes_the_report(tmp_path, monkeypatch, capsys):
+    """--hard-limit: the workers still training at it are killed and their units counted as stopped,
+    and the report and archive are written all the same (a machine ending the call would lose them)."""
+    monkeypatch.setitem(efficacy_plan.REGIMES, "short", TINY_SHORT)
+    report, archive = tmp_path / "report.json", tmp_path / "units.tar.gz"
+    began = time.time()
+    # 1.2 s: the worker is still importing torch, let alone training.
+    assert efficacy.main(["--regime", "short", "--workers", "1", "--scenarios", "task", "--part", "tune",
+                          "--val-seeds", "7", "8", "--settings-per-method", "1", "--max-units", "2",
+                          "--time-limit", "0.02", "--hard-limit", "0.02", "--out", str(tmp_path / "runs"),
+                          "--json", str(report), "--archive", str(archive)]) == 0
+    assert time.time() - began < 60
+    out = capsys.readouterr()
+    assert "efficacy.py: --hard-limit reached: 2 units stopped or never started" in out.err
+    assert "2 stopped by the time limit" in out.out
+    assert json.loads(report.read_text())["units"]["tune"][0] == 0 and archive.is_file()
+    assert not multiprocessing.active_children()
+    for argv, error in ((["--workers", "0", "--hard-limit", "5"], "--hard-limit needs worker processes (--workers >= 1)"),
+                        (["--time-limit", "9", "--hard-limit", "8"], "--hard-limit must be > 0 and not below --time-limit")):
+        assert efficacy.main(["--regime", "short", *argv]) == 2
+        assert capsys.readouterr().err.strip() == f"efficacy.py: {error}"
 
 
 def test_a_guessed_rate_gives_way_to_the_first_measured_experience(tmp_path, monkeypatch):
@@ -453,17 +507,19 @@ def test_a_guessed_rate_gives_way_to_the_first_measured_experience(tmp_path, mon
     monkeypatch.setattr("cl_streamkl.experiment.runner.run_experiment", run_experiment)
     monkeypatch.setattr(efficacy_units, "_seconds_per_weight", {})
     plan = efficacy_plan.make_plan("short", [100, 101], [200, 201])
-    unit = efficacy_plan.tuning_units(plan, "task")[0]
-    # Guessed at 14 s per weight the first experience (0.6) would end at 8.4 s, by the 8.5 s deadline;
-    # it takes 6 s (10 s per weight), so the second (0.2) ends at 8 s: by the guess it would end at 8.8 s.
-    assert efficacy_units.run_unit(unit, plan, "cpu", str(tmp_path), 8.5, 14.0, start_seconds=8.5, guessed=True) is None
+    unit, *others = efficacy_plan.tuning_units(plan, "task")
+    seen = next(u for u in others if efficacy_units.unit_kind(u) != efficacy_units.unit_kind(unit))
+    # Guessed at 14 s per weight (the other kind's) the first experience (0.6) would end at 8.4 s, by the
+    # 8.5 s deadline; it takes 6 s (10 s per weight), so the second (0.2) ends at 8 s: by the guess, 8.8 s.
+    monkeypatch.setattr(efficacy_units, "_seconds_per_weight", {efficacy_units.unit_kind(seen): 14.0})
+    assert efficacy_units.run_unit(unit, plan, "cpu", str(tmp_path), 8.5, start_seconds=8.5) is None
     assert trained == [1, 2]
     assert efficacy_units._seconds_per_weight[efficacy_units.unit_kind(unit)] == pytest.approx(10.0)
     # Had the guess been a measurement, it would have stopped the unit after its first experience.
-    monkeypatch.setattr(efficacy_units, "_seconds_per_weight", {})
-    other = efficacy_plan.tuning_units(plan, "task")[1]
+    monkeypatch.setattr(efficacy_units, "_seconds_per_weight", {efficacy_units.unit_kind(unit): 14.0})
+    same = next(u for u in others if efficacy_units.unit_kind(u) == efficacy_units.unit_kind(unit))
     clock["now"], trained[:] = 0.0, []
-    assert efficacy_units.run_unit(other, plan, "cpu", str(tmp_path), 8.5, 14.0, start_seconds=8.5) is None
+    assert efficacy_units.run_unit(same, plan, "cpu", str(tmp_path), 8.5, start_seconds=8.5) is None
     assert trained == [1]
 
 
@@ -477,11 +533,11 @@ def test_a_stopped_unit_goes_on_from_the_archive_on_another_machine(tmp_path, mo
     readings = []
     monkeypatch.setattr(efficacy_units, "time", types.SimpleNamespace(
         time=lambda: readings.pop(0), perf_counter=time.perf_counter))
-    efficacy_units._seconds_per_weight.clear()
+    monkeypatch.setattr(efficacy_units, "_seconds_per_weight", {efficacy_units.unit_kind(unit): 50.0})
     first, second, whole = tmp_path / "first", tmp_path / "second", tmp_path / "whole"
 
     readings[:] = [0.0, 30.0]  # the first experience fits before 35 s; then the next would not
-    assert efficacy_units.run_unit(unit, plan, "cpu", str(first), 35.0, 50.0, start_seconds=40.0) is None
+    assert efficacy_units.run_unit(unit, plan, "cpu", str(first), 35.0, start_seconds=40.0) is None
     efficacy.write_archive(first, tmp_path / "units.tar.gz")
     efficacy.read_archive(tmp_path / "units.tar.gz", second)
     assert (second / "runs" / f"{unit.name}.trained").read_text() == "1\n"
