@@ -83,7 +83,7 @@ def test_findings_of_an_unfinished_regime_are_marked_interim():
 def test_the_goal_is_judged_from_the_long_token_reports():
     def entry(strategy, baseline, metric, diff, p_holm=0.01, n=8):
         return {"strategy": strategy, "baseline": baseline, "metric": metric, "mean_diff": diff, "p_holm": p_holm,
-                "n": n}
+                "n": n, "ci95": [diff - 1.0, diff + 1.0]}
 
     def report(regime, done, scenarios):
         return {"regime": regime, "settings": {"tokens": 1025 if regime == "long" else 4097},
@@ -104,15 +104,18 @@ def test_the_goal_is_judged_from_the_long_token_reports():
     assert lines == [
         ("- 1025 tokens: StreamKL gains (2 of the 2 scenarios needed, met): class: replay+streamkl (mem200) − "
          "replay (mem200) forgetting -4.0 pp (p 0.01, 8 seeds); task: streamkl − naive stream acc +9.8 pp "
-         "(p 0.01, 8 seeds). Significantly worse than PAD: task: lwf+streamkl − lwf+pad stream acc -5.0 pp "
-         "(p 0.01, 8 seeds)."),
+         "(p 0.01, 8 seeds). Nearest to a gain where none is significant: domain: streamkl − naive: stream acc "
+         "+3.0 pp [+2.0, +4.0] (p 0.01), forgetting -3.0 pp [-4.0, -2.0] (p 0.06), 5 seeds. Significantly worse "
+         "than PAD: task: lwf+streamkl − lwf+pad stream acc -5.0 pp (p 0.01, 8 seeds)."),
         "- 4097 tokens: not run yet."]
     # 4097 tokens runs no replay: class's replay gain at 1025 is not counted as one that failed to hold.
     long4097 = report("long4097", 25, {"task": [entry("streamkl", "naive", "stream_accuracy", 4.0, p_holm=0.2, n=5)],
                                        "class": [entry("streamkl", "naive", "forgetting", -1.0, p_holm=0.3, n=5)]})
     assert efficacy_tables.goal([long, long4097])[1] == (
         "- 4097 tokens (interim: 25/240 test units): StreamKL gains (0 of the 1 gains seen at 1025 tokens that it "
-        "tests hold): none. Nowhere significantly worse than PAD.")
+        "tests hold): none. Nearest to a gain where none is significant: class: streamkl − naive: forgetting -1.0 pp "
+        "[-2.0, +0.0] (p 0.3), 5 seeds; task: streamkl − naive: stream acc +4.0 pp [+3.0, +5.0] (p 0.2), 5 seeds. "
+        "Nowhere significantly worse than PAD.")
     # With no gain at 1025 tokens there is nothing to hold: the line says so rather than "0 of the 0".
     none = report("long", 240, {"task": [entry("streamkl", "naive", "stream_accuracy", 9.8, p_holm=0.26)]})
     assert "StreamKL gains (no gain seen at 1025 tokens among the comparisons it makes): none." in (
@@ -124,7 +127,7 @@ def test_the_goal_is_judged_from_the_long_token_reports():
 def test_the_fixed_rule_picks_the_costly_regimes_scenarios(tmp_path, capsys):
     def entry(strategy, baseline, metric, diff, p_holm=0.01, n=8):
         return {"strategy": strategy, "baseline": baseline, "metric": metric, "mean_diff": diff, "p_holm": p_holm,
-                "n": n}
+                "n": n, "ci95": [diff - 1.0, diff + 1.0]}
 
     chosen = {"streamkl": {"alpha": 1.0}, "lwf": {"lwf_alpha": 1.0}}
     report = {"regime": "long", "plan_fingerprint": "f" * 16, "units": {"tune": [4, 4], "test": [240, 240]},
