@@ -27,16 +27,21 @@ from cl_streamkl.experiment.config import ExperimentConfig
 from cl_streamkl.experiment.files import write_atomically
 
 # Seconds per unit of experience weight (:func:`experience_weights`: one pass over all
-# classes' data) this worker has measured at most per kind of unit (:func:`unit_kind`) in its
-# own experiences; a unit starting also reads the finished units' rates from disk
-# (:func:`known_rates`), so a worker knows what the others finished since the start began. A
-# running unit stops after an experience when the next would pass the deadline, so a
-# time-limited start ends between experiences, every one of them checkpointed. Per kind,
-# because kinds differ two-fold (a domain StreamKL unit against a task LwF one): one rate for
-# all would let a start's last minutes, which fit a cheap unit, go unused. A kind not measured
-# yet is judged by a guess (:func:`estimate_for`) that its first experience replaces: a guess
-# kept as the kind's rate would hold every such unit to the slowest kind's pace.
+# classes' data) this worker has measured at most per rate key (:func:`rate_key`: a unit's
+# first experience, or its later ones, per kind of unit) in its own experiences; a unit starting
+# also reads the finished units' rates from disk (:func:`known_rates`), so a worker knows what
+# the others finished since the start began. A running unit stops after an experience when the
+# next would pass the deadline, so a time-limited start ends between experiences, every one of
+# them checkpointed. Per kind, because kinds differ two-fold (a domain StreamKL unit against a
+# task LwF one): one rate for all would let a start's last minutes, which fit a cheap unit, go
+# unused. First experiences apart, because they have no earlier model: no teacher, no penalty,
+# no replayed images; at 1025 tokens an LwF unit's first experience took as long as naive's per
+# image and its later ones seven times naive's later ones (medians; its teacher forwards run in
+# float32). A key not measured yet is judged by a guess (:func:`estimate`) that its first
+# measured experience replaces.
 _seconds_per_weight: dict[tuple[str, str, str], float] = {}
+# The strategy part of the rate key of every unit's first experience.
+FIRST = "first experience"
 _splits_cache: dict[str, Any] = {}
 
 
@@ -55,16 +60,16 @@ def _trained(root: str, unit: Unit) -> int:
     return int(progress.read_text()) if (Path(root) / "runs" / unit.name).exists() and progress.is_file() else 0
 
 
-def may_start(seconds_per_weight: float, left: Sequence[float], deadline: float, resumable: bool) -> bool:
-    """Whether a unit starts now, given its experiences' weights ``left`` to train.
+def may_start(left: Sequence[float], deadline: float, resumable: bool) -> bool:
+    """Whether a unit starts now, given the seconds each experience it has ``left`` should take.
 
     Yes when all that is left would end before ``deadline``; or, when a later start will find
     its checkpoints (``resumable``: not ``--last-start``), when its next experience would.
     """
     now = time.time()
-    if now + seconds_per_weight * sum(left) <= deadline:
+    if now + sum(left) <= deadline:
         return True
-    return resumable and bool(left) and now + seconds_per_weight * left[0] <= deadline
+    return resumable and bool(left) and now + left[0] <= deadline
 
 
 def init_worker(threads: int, gpus: int, counter: Any) -> None:
@@ -103,10 +108,10 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
              reference: dict[tuple[str, str, str], float] | None = None) -> dict[str, Any] | None:
     """Train one unit and return its record (read back when done); None when stopped by the deadline.
 
-    The unit is judged, when it starts, by its kind's rate among :func:`known_rates` (the
-    finished units under ``root`` and this worker's own experiences), or else by
-    :func:`estimate_for`'s guess from them and ``reference`` (another regime's rates), which
-    its first experience replaces. ``start_seconds``: how long a whole start lasts
+    Each experience is judged, when the unit starts and after each experience, by its
+    :func:`rate_key`'s rate among :func:`known_rates` (the finished units under ``root`` and this
+    worker's own experiences), or else by :func:`estimate`'s guess from them and ``reference``
+    (another regime's rates), which the unit's first experience of that key replaces. ``start_seconds``: how long a whole start lasts
     (``--time-limit``), None for the last start: then a unit starts only if it would finish
     (see :func:`may_start`).
     ``execution``: how this start runs units, recorded with each (``commit``, ``device``, and
@@ -117,19 +122,20 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
     from cl_streamkl.experiment.runner import run_experiment
 
     execution = execution or {}
-    kind = unit_kind(unit)
     record = Path(root) / "units" / f"{unit.name}.json"
     if record.is_file():
         return json.loads(record.read_text())
     weights = experience_weights(unit, plan)
+    keys = [rate_key(unit, index) for index in range(len(weights))]
     out, progress = Path(root) / "runs" / unit.name, _progress_path(root, unit)
     trained = _trained(root, unit)
     rates = known_rates(root, plan)
-    rate, guessed = estimate_for(unit, rates, reference), kind not in rates
-    if deadline is not None and not may_start(rate, weights[trained:], deadline, start_seconds is not None):
-        if start_seconds is not None and rate * weights[trained] > start_seconds:
-            basis = " (guessed: no unit of its kind has finished)" if guessed else ""
-            print(f"efficacy.py: unit {unit.name}: its next experience needs about {rate * weights[trained]:.0f} s"
+    guessed = {key for key in keys if key not in rates}  # until this unit measures them
+    left = [estimate(key, rates, reference) * weight for key, weight in zip(keys[trained:], weights[trained:])]
+    if deadline is not None and not may_start(left, deadline, start_seconds is not None):
+        if start_seconds is not None and left[0] > start_seconds:
+            basis = " (guessed: no unit has measured it)" if keys[trained] in guessed else ""
+            print(f"efficacy.py: unit {unit.name}: its next experience needs about {left[0]:.0f} s"
                   f"{basis}, more than a whole start ({start_seconds:.0f} s); it cannot run under this --time-limit",
                   file=sys.stderr, flush=True)
         return None
@@ -141,19 +147,21 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
     seconds: list[list[float]] = []  # [experience number, seconds] of those trained in this start
 
     def after_experience(trained: int, count: int) -> None:
-        nonlocal last, rate, guessed
+        nonlocal last
         now = time.perf_counter()
         if count == len(weights):
-            done, following = weights[trained - 1], weights[trained] if trained < count else 0.0
+            done, key = weights[trained - 1], keys[trained - 1]
             # Atomically: --hard-limit may stop this process at any moment.
             write_atomically(progress, lambda handle: handle.write(f"{trained}\n".encode()))
         else:  # a joint run trains every experience in one step
-            done, following = sum(weights), 0.0
+            done, key = sum(weights), keys[0]
         seconds.append([trained, now - last])
         measured, last = (now - last) / done, now
-        rate, guessed = (measured if guessed else max(rate, measured)), False
-        _seconds_per_weight[kind] = max(_seconds_per_weight.get(kind, 0.0), measured)
-        if deadline is not None and following and time.time() + rate * following > deadline:
+        rates[key] = measured if key in guessed else max(rates[key], measured)
+        guessed.discard(key)
+        _seconds_per_weight[key] = max(_seconds_per_weight.get(key, 0.0), measured)
+        if (deadline is not None and trained < count
+                and time.time() + estimate(keys[trained], rates, reference) * weights[trained] > deadline):
             raise _OutOfTime
 
     try:
@@ -205,23 +213,42 @@ def unit_kind(unit: Unit) -> tuple[str, str, str]:
     return unit.scenario, unit.arm, unit.strategy
 
 
+def rate_key(unit: Unit, index: int) -> tuple[str, str, str]:
+    """What experience ``index`` (from 0) of ``unit`` costs like: its :func:`unit_kind` after the
+    first; the first, with no earlier model, like every first experience of its scenario and arm."""
+    return (unit.scenario, unit.arm, FIRST) if index == 0 else unit_kind(unit)
+
+
 def seconds_per_weight_of(records: Iterable[dict[str, Any]], plan: dict[str, Any]) -> dict[tuple[str, str, str], float]:
-    """Per :func:`unit_kind`, the most seconds per unit of experience weight a finished unit of ``plan`` took."""
+    """Per :func:`rate_key`, the most seconds per unit of experience weight a finished unit of ``plan`` took.
+
+    From each record's experience times (``experience_s``: those of the start that finished it,
+    the first one compiling); a record without them counts its whole time at one rate for all
+    its experiences.
+    """
     rates: dict[tuple[str, str, str], float] = {}
     for record in records:
         unit = Unit.from_record(record["unit"])
-        if unit.scenario in plan["scenarios"]:
-            kind, rate = unit_kind(unit), record["wall_time_s"] / sum(experience_weights(unit, plan))
-            rates[kind] = max(rate, rates.get(kind, 0.0))
+        if unit.scenario not in plan["scenarios"]:
+            continue
+        weights = experience_weights(unit, plan)
+        timed = record.get("experience_s") or [[number + 1, record["wall_time_s"] * weight / sum(weights)]
+                                               for number, weight in enumerate(weights)]
+        spent: dict[tuple[str, str, str], list[float]] = {}
+        for number, seconds in timed:
+            totals = spent.setdefault(rate_key(unit, number - 1), [0.0, 0.0])
+            totals[0], totals[1] = totals[0] + seconds, totals[1] + weights[number - 1]
+        for key, (seconds, weight) in spent.items():
+            rates[key] = max(seconds / weight, rates.get(key, 0.0))
     return rates
 
 
 def known_rates(root: str, plan: dict[str, Any]) -> dict[tuple[str, str, str], float]:
-    """Per :func:`unit_kind`, the most seconds per weight that a finished unit under ``root``
+    """Per :func:`rate_key`, the most seconds per weight that a finished unit under ``root``
     took or that this worker measured in one experience."""
     rates = seconds_per_weight_of(finished_records(Path(root)).values(), plan)
-    for kind, rate in _seconds_per_weight.items():
-        rates[kind] = max(rate, rates.get(kind, 0.0))
+    for key, rate in _seconds_per_weight.items():
+        rates[key] = max(rate, rates.get(key, 0.0))
     return rates
 
 
@@ -234,31 +261,32 @@ def reference_rates(report: dict[str, Any] | None) -> dict[tuple[str, str, str],
                                   if record["unit"]["part"] == "test"], report["plan"])
 
 
-def estimate_for(unit: Unit, rates: dict[tuple[str, str, str], float],
-                 reference: dict[tuple[str, str, str], float] | None = None) -> float:
-    """``unit``'s seconds per weight: its kind's rate; else a guess from the kinds of its
-    scenario that have one (kinds differ less within a scenario than across: at 1025 tokens a
-    domain EWC unit took twice a class one), else of any scenario (0 when none finished).
+def estimate(key: tuple[str, str, str], rates: dict[tuple[str, str, str], float],
+             reference: dict[tuple[str, str, str], float] | None = None) -> float:
+    """Seconds per weight of experiences of :func:`rate_key` ``key``: its rate; else a guess from
+    the keys of its scenario that have one, first experiences from first experiences if any
+    (kinds differ less within a scenario than across: at 1025 tokens a domain EWC unit took
+    twice a class one), else from any key (0 when nothing was measured).
 
-    The guess scales each such kind's rate by how much slower ``unit``'s kind was than it in
+    The guess scales each such key's rate by how much slower ``key`` was than it in
     ``reference`` (another regime's rates, :func:`reference_rates`) and takes the largest; with
-    no reference for the pair, the slowest such kind's rate. Why the scaling: at 4097 tokens
+    no reference for the pair, the slowest such key's rate. Why the scaling: at 4097 tokens
     only the naive units had finished when the teacher-bearing kinds began, and naive's rate
-    guessed them at a third of what LwF took at 1025 tokens.
+    guessed them at a fraction of what they take.
     """
-    kind = unit_kind(unit)
-    if kind in rates:
-        return rates[kind]
-    known = {other: rate for other, rate in rates.items() if other[0] == kind[0]} or rates
+    if key in rates:
+        return rates[key]
+    scenario = {other: rate for other, rate in rates.items() if other[0] == key[0]} or rates
+    alike = {other: rate for other, rate in scenario.items() if (other[2] == FIRST) == (key[2] == FIRST)} or scenario
     reference = reference or {}
-    return max((rate * reference[kind] / reference[other] if reference.get(kind) and reference.get(other) else rate
-                for other, rate in known.items()), default=0.0)
+    return max((rate * reference[key] / reference[other] if reference.get(key) and reference.get(other) else rate
+                for other, rate in alike.items()), default=0.0)
 
 
 def seconds_left(units: Iterable[Unit], plan: dict[str, Any], root: Path,
                  reference: dict[tuple[str, str, str], float] | None = None) -> tuple[int, float | None]:
     """How many of ``units`` are unfinished, and the seconds of one worker they still need at the
-    slowest rates finished units took, kinds not finished yet guessed (:func:`estimate_for` with
+    slowest rates finished units took, keys not measured yet guessed (:func:`estimate` with
     ``reference``; checkpointed experiences count as done); None when no unit of ``plan`` has
     finished, so there is no rate to go by."""
     records = finished_records(root)
@@ -266,8 +294,11 @@ def seconds_left(units: Iterable[Unit], plan: dict[str, Any], root: Path,
     left = [unit for unit in units if unit.name not in records]
     if not rates:
         return len(left), None
-    total = sum(estimate_for(unit, rates, reference) * sum(experience_weights(unit, plan)[_trained(str(root), unit):])
-                for unit in left)
+    total = 0.0
+    for unit in left:
+        weights = experience_weights(unit, plan)
+        total += sum(estimate(rate_key(unit, index), rates, reference) * weights[index]
+                     for index in range(_trained(str(root), unit), len(weights)))
     return len(left), total
 
 

@@ -195,7 +195,8 @@ def test_a_unit_longer_than_a_start_runs_over_several_starts(tmp_path, monkeypat
     readings = []
     monkeypatch.setattr(efficacy_units, "time", types.SimpleNamespace(
         time=lambda: readings.pop(0), perf_counter=time.perf_counter))
-    monkeypatch.setattr(efficacy_units, "_seconds_per_weight", {efficacy_units.unit_kind(unit): 50.0})
+    first, later = efficacy_units.rate_key(unit, 0), efficacy_units.rate_key(unit, 1)
+    monkeypatch.setattr(efficacy_units, "_seconds_per_weight", {first: 50.0, later: 50.0})
     root = str(tmp_path)
 
     # 50 s a pass, a 40 s start: the unit needs several. Its first 30 s experience fits before 45.
@@ -210,17 +211,17 @@ def test_a_unit_longer_than_a_start_runs_over_several_starts(tmp_path, monkeypat
 
     # A fresh unit whose first experience (60 s) is longer than a whole start never starts, and says so.
     other = next(u for u in efficacy_plan.tuning_units(plan, "class") if u.strategy == "lwf")
-    efficacy_units._seconds_per_weight[efficacy_units.unit_kind(other)] = 100.0
+    monkeypatch.setattr(efficacy_units, "_seconds_per_weight", {first: 100.0})
     readings[:] = [0.0]
     assert efficacy_units.run_unit(other, plan, "cpu", root, 40.0, start_seconds=40.0) is None
     assert "its next experience needs about 60 s, more than a whole start (40 s)" in capsys.readouterr().err
-    # As if no unit of its kind had run: 100 s is a guess, from the other kind of its scenario.
-    efficacy_units._seconds_per_weight.clear()
-    efficacy_units._seconds_per_weight[efficacy_units.unit_kind(unit)] = 100.0
+    # As if no first experience had run: 100 s is a guess, from the later experiences of its scenario.
+    monkeypatch.setattr(efficacy_units, "_seconds_per_weight", {later: 100.0})
     readings[:] = [0.0]
     assert efficacy_units.run_unit(other, plan, "cpu", root, 40.0, start_seconds=40.0) is None
-    assert "about 60 s (guessed: no unit of its kind has finished), more than" in capsys.readouterr().err
+    assert "about 60 s (guessed: no unit has measured it), more than" in capsys.readouterr().err
     # Without --time-limit's length a unit that does not fit waits for a start where all of it does.
+    monkeypatch.setattr(efficacy_units, "_seconds_per_weight", {first: 100.0, later: 100.0})
     readings[:] = [0.0]
     assert efficacy_units.run_unit(other, plan, "cpu", root, 90.0) is None
     assert not (tmp_path / "runs" / other.name).exists()
@@ -271,11 +272,11 @@ def test_seconds_left_go_by_the_finished_units_rates_and_the_checkpoints(tmp_pat
 
 def test_may_start():
     later = time.time() + 100
-    assert efficacy_units.may_start(10.0, [5.0], later, False)  # 50 s of 100
-    assert not efficacy_units.may_start(10.0, [6.0, 6.0], later, False)  # 120 s in the last start
-    assert efficacy_units.may_start(10.0, [6.0, 6.0], later, True)  # a later start goes on from the checkpoint
-    assert not efficacy_units.may_start(10.0, [11.0, 1.0], later, True)  # its next experience won't end
-    assert not efficacy_units.may_start(10.0, [], later - 200, True)  # all trained, deadline passed
+    assert efficacy_units.may_start([50.0], later, False)  # 50 s of 100
+    assert not efficacy_units.may_start([60.0, 60.0], later, False)  # 120 s in the last start
+    assert efficacy_units.may_start([60.0, 60.0], later, True)  # a later start goes on from the checkpoint
+    assert not efficacy_units.may_start([110.0, 10.0], later, True)  # its next experience won't end
+    assert not efficacy_units.may_start([], later - 200, True)  # all trained, deadline passed
 
 
 @pytest.mark.slow
@@ -308,9 +309,10 @@ def test_efficacy_study_tiny(tmp_path, monkeypatch, capsys):
     plan = report["plan"]
     units = [efficacy_plan.Unit.from_record(r["unit"]) for r in records]
     rates = efficacy_units.seconds_per_weight_of(records, plan)
-    assert max(rates.values()) == max(
-        r["wall_time_s"] / sum(efficacy_plan.experience_weights(u, plan)) for r, u in zip(records, units)) > 0
-    assert set(rates) == {efficacy_units.unit_kind(u) for u in units}
+    # Per rate key, from the experiences' own times: every first experience alike, later ones per kind.
+    assert set(rates) == {efficacy_units.rate_key(u, index) for u in units for index in range(3)}
+    assert min(rates.values()) > 0 and rates[efficacy_units.rate_key(units[0], 0)] == pytest.approx(max(
+        r["experience_s"][0][1] / efficacy_plan.experience_weights(u, plan)[0] for r, u in zip(records, units)))
     estimate = efficacy_units.seconds_per_weight_of
     monkeypatch.setattr(efficacy_units, "seconds_per_weight_of", lambda records, plan: {"any kind": 3600.0})
     assert efficacy.main([*common, "--out", str(out), "--time-limit", "30"]) == 0
@@ -438,21 +440,46 @@ def test_each_kind_of_unit_is_judged_by_its_own_rate():
     records = [{"unit": dataclasses.asdict(unit), "wall_time_s": seconds}
                for unit, seconds in ((lwf, 300.0), (streamkl, 100.0), (domain[0], 800.0))]
     rates = efficacy_units.seconds_per_weight_of(records, plan)
-    assert efficacy_units.estimate_for(streamkl, rates) == pytest.approx(100.0)  # the task weights sum to 1
-    assert efficacy_units.estimate_for(lwf, rates) == pytest.approx(300.0)
+    key, estimate = efficacy_units.unit_kind, efficacy_units.estimate
+    assert estimate(key(streamkl), rates) == pytest.approx(100.0)  # the task weights sum to 1
+    assert estimate(key(lwf), rates) == pytest.approx(300.0)
     ewc = next(u for u in efficacy_plan.tuning_units(plan, "task") if u.strategy == "ewc")
-    assert efficacy_units.estimate_for(ewc, rates) == pytest.approx(300.0)  # not the domain kind's 800
-    other_domain = next(u for u in domain if efficacy_units.unit_kind(u) != efficacy_units.unit_kind(domain[0]))
-    assert efficacy_units.estimate_for(other_domain, rates) == pytest.approx(800.0)
+    assert estimate(key(ewc), rates) == pytest.approx(300.0)  # not the domain kind's 800
+    other_domain = next(u for u in domain if key(u) != key(domain[0]))
+    assert estimate(key(other_domain), rates) == pytest.approx(800.0)
     class_unit = efficacy_plan.tuning_units(plan, "class")[0]
-    assert efficacy_units.estimate_for(class_unit, rates) == pytest.approx(800.0)
-    assert efficacy_units.estimate_for(ewc, {}) == 0.0
+    assert estimate(key(class_unit), rates) == pytest.approx(800.0)
+    assert estimate(key(ewc), {}) == 0.0
     # With another regime's rates, a guess keeps the kinds' ratio there: lwf took three times streamkl.
-    only_streamkl = {efficacy_units.unit_kind(streamkl): 50.0}
-    reference = {efficacy_units.unit_kind(lwf): 300.0, efficacy_units.unit_kind(streamkl): 100.0}
-    assert efficacy_units.estimate_for(lwf, only_streamkl) == pytest.approx(50.0)
-    assert efficacy_units.estimate_for(lwf, only_streamkl, reference) == pytest.approx(150.0)
-    assert efficacy_units.estimate_for(ewc, only_streamkl, reference) == pytest.approx(50.0)  # not in it
+    only_streamkl = {key(streamkl): 50.0}
+    reference = {key(lwf): 300.0, key(streamkl): 100.0}
+    assert estimate(key(lwf), only_streamkl) == pytest.approx(50.0)
+    assert estimate(key(lwf), only_streamkl, reference) == pytest.approx(150.0)
+    assert estimate(key(ewc), only_streamkl, reference) == pytest.approx(50.0)  # not in it
+
+
+def test_first_experiences_are_timed_apart_from_the_later_ones():
+    """A first experience has no earlier model (no teacher, no penalty): it is timed with every first
+    experience of its scenario and arm, the later ones per kind; a kind's later experiences are
+    guessed from later ones, first experiences from first ones."""
+    plan = efficacy_plan.make_plan("short", [100, 101], [200, 201])
+    lwf = next(u for u in efficacy_plan.tuning_units(plan, "task") if u.strategy == "lwf")
+    naive = dataclasses.replace(lwf, strategy="naive")
+    first = efficacy_units.rate_key(naive, 0)
+    assert first == efficacy_units.rate_key(lwf, 0) != efficacy_units.rate_key(lwf, 1) == efficacy_units.unit_kind(lwf)
+    # Weights 0.6, 0.2, 0.2: LwF's first experience 60 s (100 s a weight), the others 100 s each (500).
+    records = [{"unit": dataclasses.asdict(lwf), "wall_time_s": 260.0, "experience_s": [[1, 60.0], [2, 100.0], [3, 100.0]]},
+               {"unit": dataclasses.asdict(naive), "wall_time_s": 100.0}]  # no times: one rate, 100 s a weight
+    rates = efficacy_units.seconds_per_weight_of(records, plan)
+    assert rates == pytest.approx({first: 100.0, efficacy_units.unit_kind(lwf): 500.0,
+                                   efficacy_units.unit_kind(naive): 100.0})
+    # Only naive measured here; at another length LwF's later experiences took five times naive's.
+    reference = {first: 50.0, efficacy_units.unit_kind(naive): 50.0, efficacy_units.unit_kind(lwf): 250.0}
+    here = {first: 200.0, efficacy_units.unit_kind(naive): 200.0}
+    assert efficacy_units.estimate(efficacy_units.rate_key(lwf, 1), here, reference) == pytest.approx(1000.0)
+    # A first experience is guessed from first experiences (another arm's), not from a slower later kind.
+    class_rates = {("class", "", efficacy_units.FIRST): 30.0, ("class", "mem200", "replay"): 900.0}
+    assert efficacy_units.estimate(("class", "mem200", efficacy_units.FIRST), class_rates) == pytest.approx(30.0)
 
 
 def test_a_unit_is_judged_by_what_other_workers_finished_since_the_start(tmp_path, monkeypatch):
@@ -493,37 +520,39 @@ def test_the_hard_limit_kills_the_workers_and_still_writes_the_report(tmp_path, 
 
 
 def test_a_guessed_rate_gives_way_to_the_first_measured_experience(tmp_path, monkeypatch):
-    """A kind never measured starts on a guess; its first experience, not the guess, then judges the next."""
+    """A rate key never measured starts on a guess; its first measured experience, not the guess,
+    then judges the next one of that key."""
     clock = {"now": 0.0}
     monkeypatch.setattr(efficacy_units, "time", types.SimpleNamespace(time=lambda: clock["now"],
                                                                       perf_counter=lambda: clock["now"]))
     trained = []
 
     def run_experiment(config, out, after_experience, **_):
-        for index in range(3):
-            clock["now"] += 6.0 if index == 0 else 2.0  # 10 s per weight: weights 0.6, 0.2, 0.2
+        for index in range(4):
+            clock["now"] += 2.5  # weights 0.25 each: 10 s per weight
             trained.append(index + 1)
-            after_experience(index + 1, 3)
+            after_experience(index + 1, 4)
         raise AssertionError("the deadline should have stopped the unit")
 
     monkeypatch.setattr(efficacy_units, "load_data", lambda *_: None)
     monkeypatch.setattr("cl_streamkl.experiment.runner.run_experiment", run_experiment)
-    monkeypatch.setattr(efficacy_units, "_seconds_per_weight", {})
     plan = efficacy_plan.make_plan("short", [100, 101], [200, 201])
-    unit, *others = efficacy_plan.tuning_units(plan, "task")
+    unit, *others = efficacy_plan.tuning_units(plan, "domain")
     seen = next(u for u in others if efficacy_units.unit_kind(u) != efficacy_units.unit_kind(unit))
-    # Guessed at 14 s per weight (the other kind's) the first experience (0.6) would end at 8.4 s, by the
-    # 8.5 s deadline; it takes 6 s (10 s per weight), so the second (0.2) ends at 8 s: by the guess, 8.8 s.
-    monkeypatch.setattr(efficacy_units, "_seconds_per_weight", {efficacy_units.unit_kind(seen): 14.0})
-    assert efficacy_units.run_unit(unit, plan, "cpu", str(tmp_path), 8.5, start_seconds=8.5) is None
-    assert trained == [1, 2]
-    assert efficacy_units._seconds_per_weight[efficacy_units.unit_kind(unit)] == pytest.approx(10.0)
-    # Had the guess been a measurement, it would have stopped the unit after its first experience.
-    monkeypatch.setattr(efficacy_units, "_seconds_per_weight", {efficacy_units.unit_kind(unit): 14.0})
-    same = next(u for u in others if efficacy_units.unit_kind(u) == efficacy_units.unit_kind(unit))
+    first, later = efficacy_units.rate_key(unit, 0), efficacy_units.unit_kind(unit)
+    # The first experience is measured (10 s per weight); the later ones are guessed at the other
+    # kind's 14: the second ends at 5 s (by the guess 6, within the 8 s deadline); measured at 10 s per
+    # weight it replaces the guess, so the third (ending at 7.5 s; by the guess 8.5) starts too.
+    monkeypatch.setattr(efficacy_units, "_seconds_per_weight", {first: 10.0, efficacy_units.unit_kind(seen): 14.0})
+    assert efficacy_units.run_unit(unit, plan, "cpu", str(tmp_path), 8.0, start_seconds=8.0) is None
+    assert trained == [1, 2, 3]
+    assert efficacy_units._seconds_per_weight[later] == pytest.approx(10.0)
+    # Had the guess been a measurement, it would have stopped the unit after its second experience.
+    monkeypatch.setattr(efficacy_units, "_seconds_per_weight", {first: 10.0, later: 14.0})
+    same = next(u for u in others if efficacy_units.unit_kind(u) == later)
     clock["now"], trained[:] = 0.0, []
-    assert efficacy_units.run_unit(same, plan, "cpu", str(tmp_path), 8.5, start_seconds=8.5) is None
-    assert trained == [1]
+    assert efficacy_units.run_unit(same, plan, "cpu", str(tmp_path), 8.0, start_seconds=8.0) is None
+    assert trained == [1, 2]
 
 
 def test_a_stopped_unit_goes_on_from_the_archive_on_another_machine(tmp_path, monkeypatch):
