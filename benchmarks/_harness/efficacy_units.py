@@ -111,9 +111,9 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
     Each experience is judged, when the unit starts and after each experience, by its
     :func:`rate_key`'s rate among :func:`known_rates` (the finished units under ``root`` and this
     worker's own experiences), or else by :func:`estimate`'s guess from them and ``reference``
-    (another regime's rates), which the unit's first experience of that key replaces. ``start_seconds``: how long a whole start lasts
-    (``--time-limit``), None for the last start: then a unit starts only if it would finish
-    (see :func:`may_start`).
+    (another regime's rates), which the unit's first experience of that key replaces.
+    ``start_seconds``: how long a whole start lasts (``--time-limit``), None for the last start:
+    then a unit starts only if it would finish (see :func:`may_start`).
     ``execution``: how this start runs units, recorded with each (``commit``, ``device``, and
     ``compile_layers``, ``compile_model``: configuration that changes rounding only, so not part
     of the plan). The record's ``experience_s`` holds [experience number, seconds] of each
