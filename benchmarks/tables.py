@@ -10,8 +10,8 @@ The name is a result file's stem (``benchmarks/results/kernel-long-bf16.json``),
 with one of the views the file defines (``kernel-long-bf16/headline``: some of its columns and
 rows). The efficacy study's tables draw on its reports side by side (those of
 ``efficacy-short.json``, ``efficacy-long.json`` and ``efficacy-long4097.json`` that exist):
-``efficacy/summary`` (README's section), ``efficacy/<scenario>``, ``efficacy/<scenario>-paired``
-and ``efficacy/<scenario>-tuning``; ``efficacy-upscaled/<scenario>[-paired]`` are the earlier
+``efficacy/summary`` (README's section), ``efficacy/learning`` (naive's learning accuracy per
+experience), ``efficacy/<scenario>``, ``efficacy/<scenario>-paired`` and ``efficacy/<scenario>-tuning``; ``efficacy-upscaled/<scenario>[-paired]`` are the earlier
 study's, whose long tokens were upscaled 28 px digits. Under each table a line names the file
 it comes from, the GPU, versions, commit and date.
 
@@ -111,6 +111,8 @@ def _efficacy(view: str, document: Path, results: Path) -> list[str]:
     scenario, _, kind = view.partition("-")
     if view == "summary":
         lines = efficacy_tables.summary(reports)
+    elif view == "learning":
+        lines = efficacy_tables.learning_table(reports)
     elif kind == "paired":
         lines = efficacy_tables.paired_table(reports, scenario)
     elif kind == "tuning":
@@ -138,7 +140,7 @@ def _efficacy_view(stem: str, view: str) -> bool:
     scenario, _, kind = view.partition("-")
     if stem == "efficacy-upscaled":
         return scenario in efficacy_tables.SCENARIOS and kind in ("", "paired")
-    return view == "summary" or (scenario in efficacy_tables.SCENARIOS and kind in EFFICACY_VIEWS)
+    return view in ("summary", "learning") or (scenario in efficacy_tables.SCENARIOS and kind in EFFICACY_VIEWS)
 
 
 def render(name: str, document: Path, results: Path = RESULTS) -> str:
@@ -150,7 +152,7 @@ def render(name: str, document: Path, results: Path = RESULTS) -> str:
     stem, _, view = name.partition("/")
     if stem in ("efficacy", "efficacy-upscaled"):
         if not _efficacy_view(stem, view):
-            raise ValueError(f"table {name!r}: efficacy tables are efficacy/summary, "
+            raise ValueError(f"table {name!r}: efficacy tables are efficacy/summary, efficacy/learning, "
                              "efficacy/<class|task|domain>[-paired|-tuning] and efficacy-upscaled/<scenario>[-paired]")
         render_view = _efficacy if stem == "efficacy" else _upscaled
         return "\n".join(render_view(view, document, results)) + "\n"

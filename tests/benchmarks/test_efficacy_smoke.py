@@ -80,6 +80,23 @@ def test_findings_of_an_unfinished_regime_are_marked_interim():
     assert lines[0] == "- class-incremental: not run yet."
 
 
+def test_the_learning_table_reads_each_experience_off_the_diagonal():
+    def run(label, diagonal):
+        return {"label": label, "accuracy_matrix": [[d if i == j else 0.0 for j in range(len(diagonal))]
+                                                    for i, d in enumerate(diagonal)]}
+
+    long = {"settings": {"tokens": 1025}, "scenarios": {
+        "task": {"runs": [run("naive", [0.7, 0.9, 0.8]), run("naive", [0.5, 0.95, 0.9]), run("lwf", [0.1, 0.1, 0.1])]},
+        "domain": {"runs": [run("naive", [0.3, 0.4, 0.5, 0.6])]}}}
+    short = {"settings": {"tokens": 17}, "scenarios": {"task": {"runs": [run("lwf", [0.9, 0.9, 0.9])]}}}
+    assert efficacy_tables.learning_table([short, long]) == [
+        "| scenario | tokens | seeds | experience 1 | experience 2 | experience 3 | experience 4 |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        "| task | 1025 | 2 | 60.0 (lowest 50.0) | 92.5 (lowest 90.0) | 85.0 (lowest 80.0) | – |",
+        "| domain | 1025 | 1 | 30.0 (lowest 30.0) | 40.0 (lowest 40.0) | 50.0 (lowest 50.0) | 60.0 (lowest 60.0) |"]
+    assert efficacy_tables.learning_table([short]) == ["No test runs of naive yet."]
+
+
 def test_the_goal_is_judged_from_the_long_token_reports():
     def entry(strategy, baseline, metric, diff, p_holm=0.01, n=8):
         return {"strategy": strategy, "baseline": baseline, "metric": metric, "mean_diff": diff, "p_holm": p_holm,
