@@ -141,6 +141,29 @@ def test_the_goal_is_judged_from_the_long_token_reports():
     assert "(1 of the 2 scenarios needed, so far)" in efficacy_tables.goal([half])[0]
 
 
+def test_the_goal_family_check_narrows_holm_to_the_goal_comparisons():
+    def entry(strategy, baseline, metric, diff, p_value, p_holm):
+        return {"strategy": strategy, "baseline": baseline, "metric": metric, "mean_diff": diff, "n": 8,
+                "p_value": p_value, "p_holm": p_holm, "ci95": [diff - 1.0, diff + 1.0]}
+
+    long = {"regime": "long", "units": {"tune": [4, 4], "test": [240, 240]}, "scenarios": {
+        "task": {"paired": [entry("streamkl", "naive", "stream_accuracy", 5.0, 0.001, 0.2),
+                            entry("ewc+streamkl", "ewc", "forgetting", -9.0, 0.0001, 0.01),  # not the goal's
+                            entry("streamkl", "naive", "mean_experience_accuracy", 4.0, 0.0001, 0.01)]},  # nor this
+        "class": {"paired": [entry("replay+streamkl (mem200)", "replay (mem200)", "forgetting", -3.0, 0.004, 0.3)]},
+        "domain": {"paired": [entry("lwf+streamkl", "lwf", "stream_accuracy", -2.0, 0.01, 0.4),  # against StreamKL
+                              entry("streamkl", "naive", "forgetting", -1.0, 0.2, 1.0)]}}}
+    # Family of four: p 0.001, 0.004, 0.01, 0.2 become 0.004, 0.012, 0.02, 0.2.
+    assert efficacy_tables.goal_family([long]) == [
+        "- The 1025-token verdict hinges on the family's breadth: with Holm over only the goal's 4 comparisons "
+        "(a check chosen after the test runs), StreamKL gains in 2 of the 2 scenarios needed (met): class: "
+        "replay+streamkl (mem200) − replay (mem200) forgetting -3.0 pp (p 0.012, 8 seeds); task: streamkl − naive "
+        "stream acc +5.0 pp (p 0.004, 8 seeds). Smallest adjusted p elsewhere: domain: streamkl − naive forgetting "
+        "-1.0 pp (p 0.2, 8 seeds)."]
+    unfinished = {**long, "units": {"tune": [4, 4], "test": [200, 240]}}
+    assert efficacy_tables.goal_family([unfinished]) == []
+
+
 def test_the_fixed_rule_picks_the_costly_regimes_scenarios(tmp_path, capsys):
     def entry(strategy, baseline, metric, diff, p_holm=0.01, n=8):
         return {"strategy": strategy, "baseline": baseline, "metric": metric, "mean_diff": diff, "p_holm": p_holm,
