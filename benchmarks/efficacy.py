@@ -171,6 +171,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                              "the experience it is in and keeps its checkpoints), then write the report and "
                              "--archive: for a machine that ends the call at its own limit, should an experience "
                              "run past --time-limit; needs --workers >= 1")
+    parser.add_argument("--max-unfinished", type=int, metavar="N",
+                        help="with --time-limit: a unit not begun yet that would not finish in this start begins "
+                             "only while fewer than N units are begun and unfinished, so that --archive, which "
+                             "carries their checkpoints, stays within what the next machine can take")
     parser.add_argument("--last-start", action="store_true",
                         help="with --time-limit: the machine's last start, so start no unit that would not finish "
                              "in it (its checkpoints would be lost with the machine)")
@@ -214,6 +218,11 @@ def _argument_error(args: argparse.Namespace) -> str | None:
             return "--hard-limit needs worker processes (--workers >= 1)"
         if args.hard_limit < (args.time_limit or 0) or args.hard_limit <= 0:
             return "--hard-limit must be > 0 and not below --time-limit"
+    if args.max_unfinished is not None:
+        if args.max_unfinished < 1:
+            return "--max-unfinished must be >= 1"
+        if args.time_limit is None:
+            return "--max-unfinished needs --time-limit (without it every unit runs to its end)"
     if args.last_start and args.time_limit is None:
         return "--last-start needs --time-limit"
     if "decisive" in (args.plan_scenarios or ()):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
+import fcntl
 import json
 import multiprocessing
 import os
@@ -52,6 +53,34 @@ class _OutOfTime(Exception):
 def _progress_path(root: str, unit: Unit) -> Path:
     """How many experiences an unfinished unit has checkpointed, beside its run folder (archived with it)."""
     return Path(root) / "runs" / f"{unit.name}.trained"
+
+
+def _begun_path(root: str, unit: Unit) -> Path:
+    """Marks a unit begun and not finished, beside its run folder (archived with it)."""
+    return Path(root) / "runs" / f"{unit.name}.begun"
+
+
+def _unfinished(root: str) -> int:
+    """How many units under ``root`` have begun (a marker or checkpoints) and not finished (a
+    marker whose record exists is stale)."""
+    runs, units = Path(root) / "runs", Path(root) / "units"
+    names = {path.stem for pattern in ("*.begun", "*.trained") for path in runs.glob(pattern)}
+    return sum(not (units / f"{name}.json").is_file() for name in names)
+
+
+def _claim(root: str, unit: Unit, cap: int, finishes: bool) -> bool:
+    """Mark ``unit`` begun unless ``cap`` units are begun and unfinished already and it would not
+    finish in this start; whether it may go on. Under a file lock, so workers claim one at a time."""
+    marker = _begun_path(root, unit)
+    if marker.is_file():
+        return True
+    marker.parent.mkdir(parents=True, exist_ok=True)
+    with open(Path(root) / "runs" / ".claims.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not finishes and _unfinished(root) >= cap:
+            return False
+        marker.touch()
+    return True
 
 
 def _trained(root: str, unit: Unit) -> int:
@@ -105,7 +134,8 @@ def load_data(unit: Unit, plan: dict[str, Any], config: Any = None) -> Any:
 
 def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline: float | None,
              execution: dict[str, Any] | None = None, start_seconds: float | None = None,
-             reference: dict[tuple[str, str, str], float] | None = None) -> dict[str, Any] | None:
+             reference: dict[tuple[str, str, str], float] | None = None,
+             max_unfinished: int | None = None) -> dict[str, Any] | None:
     """Train one unit and return its record (read back when done); None when stopped by the deadline.
 
     Each experience is judged, when the unit starts and after each experience, by its
@@ -113,7 +143,10 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
     worker's own experiences), or else by :func:`estimate`'s guess from them and ``reference``
     (another regime's rates), which the unit's first experience of that key replaces.
     ``start_seconds``: how long a whole start lasts (``--time-limit``), None for the last start:
-    then a unit starts only if it would finish (see :func:`may_start`).
+    then a unit starts only if it would finish (see :func:`may_start`). ``max_unfinished``
+    (``--max-unfinished``): with ``start_seconds``, a unit not begun yet that would not finish
+    in this start begins only while fewer units than that are begun and unfinished (their
+    checkpoints are what ``--archive`` carries).
     ``execution``: how this start runs units, recorded with each (``commit``, ``device``, and
     ``compile_layers``, ``compile_model``: configuration that changes rounding only, so not part
     of the plan). The record's ``experience_s`` holds [experience number, seconds] of each
@@ -138,6 +171,9 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
             print(f"efficacy.py: unit {unit.name}: its next experience needs about {left[0]:.0f} s"
                   f"{basis}, more than a whole start ({start_seconds:.0f} s); it cannot run under this --time-limit",
                   file=sys.stderr, flush=True)
+        return None
+    if (max_unfinished is not None and deadline is not None and start_seconds is not None and not trained
+            and not _claim(root, unit, max_unfinished, time.time() + sum(left) <= deadline)):
         return None
     config = ExperimentConfig.from_dict({**unit.config_fields(plan), "device": device, "out": str(out),
                                          "compile_layers": bool(execution.get("compile_layers")),
@@ -178,6 +214,7 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
     os.replace(partial, record)
     shutil.rmtree(out, ignore_errors=True)  # its checkpoint is no longer needed
     progress.unlink(missing_ok=True)
+    _begun_path(root, unit).unlink(missing_ok=True)
     return payload
 
 
@@ -312,14 +349,15 @@ def run_units(units: Sequence[Unit], pool: concurrent.futures.Executor, plan: di
     the units they were training lose the experience they were in and keep their checkpoints,
     and the caller still writes its report and archive; the pool is then unusable.
     """
-    # Units with checkpoints first (stable: otherwise in plan order): the last start finishes the
-    # work already paid for, and no more units are left half done than there are workers, which
-    # bounds what --archive carries.
-    units = sorted(units, key=lambda unit: _trained(str(args.out), unit) == 0)
+    # Units begun first, those with checkpoints before the others (stable: otherwise in plan
+    # order): the last start finishes the work already paid for, and a unit begun holds one of
+    # --max-unfinished's places until it finishes.
+    units = sorted(units, key=lambda unit: (_trained(str(args.out), unit) == 0,
+                                            not _begun_path(str(args.out), unit).is_file()))
     # A unit that would not finish may begin now and go on in later starts, unless this is the last.
     start_seconds = None if args.time_limit is None or args.last_start else 60 * args.time_limit
     futures = {pool.submit(run_unit, unit, plan, args.device, str(args.out), deadline, args.execution, start_seconds,
-                           args.reference): unit for unit in units}
+                           args.reference, args.max_unfinished): unit for unit in units}
     finished = stopped = failed = 0
     waiting = None if hard_deadline is None else max(0.0, hard_deadline - time.time())
     try:

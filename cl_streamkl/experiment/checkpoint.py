@@ -94,7 +94,44 @@ def save_checkpoint(path: str | Path, state: dict[str, Any], identity: RunIdenti
     stamped = {**state, "format": CHECKPOINT_FORMAT, "strategy": identity.strategy, "seed": identity.seed,
                "config": identity.config, "config_fingerprint": identity.fingerprint}
     stamped["checksum"] = checksum(stamped)
-    write_atomically(path, lambda handle: torch.save(stamped, handle))
+    shared = _share_equal_tensors(stamped, {})
+    write_atomically(path, lambda handle: torch.save(shared, handle))
+
+
+def _tensor_key(tensor: torch.Tensor) -> tuple[Any, ...]:
+    data = tensor.detach().cpu().contiguous()
+    return (data.dtype, tuple(data.shape), hashlib.sha256(data.reshape(-1).view(torch.uint8).numpy()).digest())
+
+
+def _share_equal_tensors(value: Any, seen: dict[tuple[Any, ...], torch.Tensor]) -> Any:
+    """``value`` with every tensor equal in dtype, shape and bytes to an earlier one replaced by it.
+
+    ``torch.save`` writes a storage once however many tensors use it. Between experiences a
+    teacher's weights (LwF, StreamKL, PAD) and EWC's newest anchors are copies of the model's,
+    so a checkpoint holding each once is a fraction of the size; :func:`load_checkpoint` gives
+    every tensor its own storage again.
+    """
+    if isinstance(value, torch.Tensor):
+        return seen.setdefault(_tensor_key(value), value)
+    if isinstance(value, dict):
+        return {key: _share_equal_tensors(item, seen) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_share_equal_tensors(item, seen) for item in value)
+    return value
+
+
+def _unshare(value: Any, seen: set[int]) -> Any:
+    """``value`` with every tensor that appeared before (the same object) replaced by a copy."""
+    if isinstance(value, torch.Tensor):
+        if id(value) in seen:
+            return value.clone()
+        seen.add(id(value))
+        return value
+    if isinstance(value, dict):
+        return {key: _unshare(item, seen) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_unshare(item, seen) for item in value)
+    return value
 
 
 def _unreadable(path: Path) -> str:
@@ -141,6 +178,8 @@ def load_checkpoint(path: str | Path, identity: RunIdentity) -> dict[str, Any]:
         raise CheckpointError(f"checkpoint {path} {_unreadable(path)}; {restart}") from None
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT or "checksum" not in state:
         raise CheckpointError(f"{path} is not a checkpoint of this cl-streamkl version; {restart}")
+    # Equal tensors were saved once (see save_checkpoint); a caller may change one in place.
+    state = _unshare(state, set())
     missing = [key for key in _REQUIRED_KEYS if key not in state]
     if missing:
         raise CheckpointError(f"checkpoint {path} lacks {missing}; {restart}")

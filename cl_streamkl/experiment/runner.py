@@ -189,7 +189,9 @@ class _Run:
             "experiences_done": steps_done,
             "finished": steps_done == len(self.train_experiences),
             "model": self.model.state_dict(),
-            "optimizer": self.template.optimizer.state_dict(),
+            # Without Adam's moments: every experience starts with fresh ones (train() below) and
+            # a checkpoint is written only between experiences, so they would never be read.
+            "optimizer": {"state": {}, "param_groups": self.template.optimizer.state_dict()["param_groups"]},
             "scaler": None if scaler is None else scaler.state_dict(),
             "plugins": {name: plugin_state(p, self.parameter_prefix) for name, p in self.plugins.items()},
             "clock": plugin_state(self.clock),

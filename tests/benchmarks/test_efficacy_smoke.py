@@ -271,15 +271,50 @@ def test_the_last_start_begins_no_unit_it_cannot_finish(tmp_path, monkeypatch, c
     plan = efficacy_plan.make_plan("short", [100, 101], [200, 201])
     units = efficacy_plan.tuning_units(plan, "task")[:1]
     starts = []
-    monkeypatch.setattr(efficacy_units, "run_unit", lambda unit, *args: starts.append(args[-2:]))
+    monkeypatch.setattr(efficacy_units, "run_unit", lambda unit, *args: starts.append(args[-3:-1]))
     for last in (False, True):
         args = argparse.Namespace(out=tmp_path, device="cpu", execution={}, time_limit=10.0, last_start=last,
-                                  reference={})
+                                  reference={}, max_unfinished=None)
         assert efficacy_units.run_units(units, efficacy_units.InProcess(), plan, args, 1e12) == (0, 1, 0)
     # A whole start's seconds, or none: every unit must finish in this one.
     assert starts == [(600.0, {}), (None, {})]
     assert efficacy.main(["--regime", "short", "--last-start"]) == 2
     assert capsys.readouterr().err.strip() == "efficacy.py: --last-start needs --time-limit"
+
+
+def test_max_unfinished_bounds_the_units_begun_and_unfinished(tmp_path, monkeypatch, capsys):
+    """--max-unfinished: a unit that would be left half done begins only while fewer are; one that
+    finishes in the start begins anyway, and a unit begun keeps its place. The clock is a list."""
+    monkeypatch.setitem(efficacy_plan.REGIMES, "short", TINY_SHORT)
+    plan = efficacy_plan.make_plan("short", [7, 8], [0, 1], settings_per_method=1)
+    units = efficacy_plan.tuning_units(plan, "class")[:3]
+    readings = []
+    monkeypatch.setattr(efficacy_units, "time", types.SimpleNamespace(
+        time=lambda: readings.pop(0), perf_counter=time.perf_counter))
+    first, later = efficacy_units.rate_key(units[0], 0), efficacy_units.rate_key(units[0], 1)
+    monkeypatch.setattr(efficacy_units, "_seconds_per_weight", {first: 50.0, later: 50.0})
+    root = str(tmp_path)
+    # 30 s of first experience fits before 35, not all 50 s: the unit begins and stops half done.
+    readings[:] = [0.0, 0.0, 30.0]  # may it start; would it finish; after its first experience
+    assert efficacy_units.run_unit(units[0], plan, "cpu", root, 35.0, start_seconds=40.0, max_unfinished=1) is None
+    assert efficacy_units._unfinished(root) == 1 and not readings
+    # The next would be left half done too: over the cap it does not begin, and leaves nothing.
+    readings[:] = [0.0, 0.0]
+    assert efficacy_units.run_unit(units[1], plan, "cpu", root, 35.0, start_seconds=40.0, max_unfinished=1) is None
+    assert not (tmp_path / "runs" / units[1].name).exists() and efficacy_units._unfinished(root) == 1
+    # A unit begun goes on whatever the cap; one that finishes in the start begins over it.
+    assert efficacy_units._claim(root, units[0], 1, finishes=False)
+    assert efficacy_units._claim(root, units[1], 1, finishes=True) and efficacy_units._unfinished(root) == 2
+    assert not efficacy_units._claim(root, units[2], 2, finishes=False)
+    assert efficacy_units._claim(root, units[2], 3, finishes=False) and efficacy_units._unfinished(root) == 3
+    (tmp_path / "units").mkdir()
+    (tmp_path / "units" / f"{units[1].name}.json").write_text("{}")  # finished: its marker is stale
+    assert efficacy_units._unfinished(root) == 2
+    for argv, error in ((["--max-unfinished", "0", "--time-limit", "5"], "--max-unfinished must be >= 1"),
+                        (["--max-unfinished", "4"], "--max-unfinished needs --time-limit (without it every unit "
+                                                    "runs to its end)")):
+        assert efficacy.main(["--regime", "short", *argv]) == 2
+        assert capsys.readouterr().err.strip() == f"efficacy.py: {error}"
 
 
 def test_units_with_checkpoints_start_first(tmp_path, monkeypatch):
@@ -292,7 +327,7 @@ def test_units_with_checkpoints_start_first(tmp_path, monkeypatch):
     order = []
     monkeypatch.setattr(efficacy_units, "run_unit", lambda unit, *args: order.append(unit))
     args = argparse.Namespace(out=tmp_path, device="cpu", execution={}, time_limit=10.0, last_start=True,
-                              reference={})
+                              reference={}, max_unfinished=None)
     efficacy_units.run_units(units, efficacy_units.InProcess(), plan, args, 1e12)
     assert order == [units[1], units[3], units[0], units[2]]
 
@@ -424,7 +459,7 @@ def test_a_failed_unit_is_reported_and_the_others_go_on(tmp_path, monkeypatch, c
 
     monkeypatch.setattr(efficacy_units, "run_unit", run_unit)
     args = argparse.Namespace(out=tmp_path, device="cpu", execution={}, time_limit=None, last_start=False,
-                              reference={})
+                              reference={}, max_unfinished=None)
     assert efficacy_units.run_units(units, efficacy_units.InProcess(), plan, args, None) == (2, 0, 1)
     err = capsys.readouterr().err
     assert f"unit {units[1].name} failed: RuntimeError: CUDA error: out of memory" in err

@@ -43,6 +43,24 @@ def test_round_trip_keeps_identity_and_checksum(tmp_path):
     assert os.listdir(path.parent) == [path.name]
 
 
+def test_equal_tensors_are_written_once_and_loaded_apart(tmp_path):
+    state = make_state()
+    weight = torch.randn(256, 256)
+    teacher = {"blocks.0.weight": weight.clone(), "blocks.0.bias": torch.ones(4)}  # a copy, as after an experience
+    state["model"]["blocks.0.weight"] = weight
+    state["plugins"]["streamkl"]["teacher"] = teacher
+    path, alone = tmp_path / "shared.pt", tmp_path / "alone.pt"
+    save_checkpoint(path, state, IDENTITY)
+    save_checkpoint(alone, {**state, "plugins": {"streamkl": {"teacher": None, "layers": "all"}}}, IDENTITY)
+    assert path.stat().st_size < alone.stat().st_size + 4096  # the teacher's copy costs nothing
+    loaded = load_checkpoint(path, IDENTITY)
+    model, copy = loaded["model"]["blocks.0.weight"], loaded["plugins"]["streamkl"]["teacher"]["blocks.0.weight"]
+    assert torch.equal(model, weight) and torch.equal(copy, weight)
+    model.add_(1.0)  # the loaded tensors do not share memory: changing one leaves the other
+    assert torch.equal(copy, weight) and torch.equal(loaded["plugins"]["streamkl"]["teacher"]["blocks.0.bias"],
+                                                     torch.ones(4))
+
+
 def test_a_changed_weight_fails_the_checksum(tmp_path):
     path = tmp_path / "run.pt"
     save_checkpoint(path, make_state(), IDENTITY)

@@ -12,8 +12,11 @@ from cli_helpers import TINY, one_line_error, run_cli
 from cl_streamkl.experiment import cli, runner
 
 
-def test_resume_reproduces_uninterrupted_run(tmp_path, monkeypatch, capsys):
-    strategies = ["--strategies", "ewc", "replay+streamkl", "lwf", "--mem-size", "40", "--experiences", "2"]
+# Checkpoints written: ewc's two, then replay+streamkl's (3: after its first experience), then
+# lwf+streamkl's (5: after its first, two teachers that are copies of the model).
+@pytest.mark.parametrize("cut_after", [3, 5])
+def test_resume_reproduces_uninterrupted_run(tmp_path, monkeypatch, capsys, cut_after):
+    strategies = ["--strategies", "ewc", "replay+streamkl", "lwf+streamkl", "--mem-size", "40", "--experiences", "2"]
     rc, full = run_cli(tmp_path, "full", *strategies)
     assert rc == 0
 
@@ -23,7 +26,7 @@ def test_resume_reproduces_uninterrupted_run(tmp_path, monkeypatch, capsys):
     def save_then_stop(path, state, identity):
         real_save(path, state, identity)
         saves.append(path)
-        if len(saves) == 3:  # ewc finished, replay+streamkl after its first experience
+        if len(saves) == cut_after:
             raise KeyboardInterrupt
 
     monkeypatch.setattr(runner, "save_checkpoint", save_then_stop)
