@@ -20,7 +20,8 @@ Each (scenario, strategy, seed, setting) run is one unit for a pool of worker pr
 Finished units are kept under ``--out`` and skipped when the command starts again;
 ``--max-units`` and ``--time-limit`` end a start cleanly (a unit
 stopped between experiences resumes from its checkpoint), ``--archive`` /
-``--from-archive`` carry the folder between machines, and ``--from-report`` restores the finished
+``--from-archive`` carry the folder between machines (``--max-unfinished`` bounds how many
+unfinished units, and so checkpoints, it holds), and ``--from-report`` restores the finished
 units from a committed report.
 
 Run from the repository root with the package installed::
