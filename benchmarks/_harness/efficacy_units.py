@@ -207,11 +207,8 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
         return None
     payload = {"unit": dataclasses.asdict(unit), **result.to_dict(), "process_s": time.perf_counter() - start,
                "experience_s": seconds, "execution": _with_check(execution)}
-    record.parent.mkdir(parents=True, exist_ok=True)
     # Atomically: a start killed at its time limit leaves no half-written record.
-    partial = record.with_name(record.name + ".partial")
-    partial.write_text(json.dumps(payload) + "\n")
-    os.replace(partial, record)
+    write_atomically(record, lambda handle: handle.write((json.dumps(payload) + "\n").encode()))
     shutil.rmtree(out, ignore_errors=True)  # its checkpoint is no longer needed
     progress.unlink(missing_ok=True)
     _begun_path(root, unit).unlink(missing_ok=True)
