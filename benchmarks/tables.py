@@ -11,7 +11,8 @@ with one of the views the file defines (``kernel-long-bf16/headline``: some of i
 rows). The efficacy study's tables draw on its reports side by side (those of
 ``efficacy-short.json``, ``efficacy-long.json`` and ``efficacy-long4097.json`` that exist):
 ``efficacy/summary`` (README's section), ``efficacy/learning`` (naive's learning accuracy per
-experience), ``efficacy/<scenario>``, ``efficacy/<scenario>-paired`` and ``efficacy/<scenario>-tuning``; ``efficacy-upscaled/<scenario>[-paired]`` are the earlier
+experience), ``efficacy/<scenario>``, ``efficacy/<scenario>-paired`` and
+``efficacy/<scenario>-tuning``; ``efficacy-upscaled/<scenario>[-paired]`` are the earlier
 study's, whose long tokens were upscaled 28 px digits. Under each table a line names the file
 it comes from, the GPU, versions, commit and date.
 

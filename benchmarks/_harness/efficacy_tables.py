@@ -11,7 +11,7 @@ are done.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from _harness import efficacy_plan
@@ -299,6 +299,20 @@ def _closest(entry: dict[str, Any], best: dict[str, Any] | None) -> bool:
     return best is None or key < (best["p_holm"], -abs(best["mean_diff"]))
 
 
+def _gains(entries: Iterable[tuple[str, dict[str, Any]]], regime: str
+           ) -> tuple[dict[str, list[dict[str, Any]]], dict[str, dict[str, Any]]]:
+    """Of (scenario, goal comparison) pairs: per scenario the significant StreamKL gains, and the
+    entry nearest to one (:func:`_closest`) among the rest."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    nearest: dict[str, dict[str, Any]] = {}
+    for scenario, entry in entries:
+        if _significant(entry, regime, 1):
+            found.setdefault(scenario, []).append(entry)
+        elif _closest(entry, nearest.get(scenario)):
+            nearest[scenario] = entry
+    return found, nearest
+
+
 def _comparisons(entries: dict[str, list[dict[str, Any]]]) -> set[tuple[str, str, str, str]]:
     """Paired entries by scenario as (scenario, strategy, baseline, metric): what two regimes share."""
     return {(scenario, e["strategy"], e["baseline"], e["metric"])
@@ -321,16 +335,10 @@ def goal(reports: Sequence[dict[str, Any]]) -> list[str]:
             lines.append(f"- {tokens} tokens: not run yet.")
             continue
         interim = f" (interim: {done}/{total} test units)" if done < total else ""
-        found, worse, nearest = {}, [], {}
-        for scenario in SCENARIOS:
-            for entry in _part(report, scenario)["paired"]:
-                if _goal_comparison(entry):
-                    if _significant(entry, regime, 1):
-                        found.setdefault(scenario, []).append(entry)
-                    elif _closest(entry, nearest.get(scenario)):
-                        nearest[scenario] = entry
-                if entry["baseline"] == _pad_in_place(entry["strategy"]) and _significant(entry, regime, -1):
-                    worse.append((scenario, entry))
+        paired = [(scenario, entry) for scenario in SCENARIOS for entry in _part(report, scenario)["paired"]]
+        found, nearest = _gains([(scenario, entry) for scenario, entry in paired if _goal_comparison(entry)], regime)
+        worse = [(scenario, entry) for scenario, entry in paired
+                 if entry["baseline"] == _pad_in_place(entry["strategy"]) and _significant(entry, regime, -1)]
         gains[regime] = found
         where = "; ".join(f"{scenario}: " + ", ".join(_finding(e) for e in entries)
                           for scenario, entries in found.items()) or "none"
@@ -373,18 +381,13 @@ def goal_family(reports: Sequence[dict[str, Any]]) -> list[str]:
         return []
     family = [(scenario, entry) for scenario in SCENARIOS for entry in _part(report, scenario)["paired"]
               if _goal_comparison(entry) and entry["metric"] in GOAL_METRICS and entry.get("p_value") is not None]
-    found: dict[str, list[dict[str, Any]]] = {}
-    nearest: dict[str, dict[str, Any]] = {}
-    for (scenario, entry), adjusted in zip(family, holm_adjust([entry["p_value"] for _, entry in family])):
-        entry = {**entry, "p_holm": adjusted}
-        if _significant(entry, "long", 1):
-            found.setdefault(scenario, []).append(entry)
-        elif _closest(entry, nearest.get(scenario)):
-            nearest[scenario] = entry
+    adjusted = holm_adjust([entry["p_value"] for _, entry in family])
+    found, nearest = _gains([(scenario, {**entry, "p_holm": p}) for (scenario, entry), p in zip(family, adjusted)],
+                            "long")
     where = "; ".join(f"{scenario}: " + ", ".join(_finding(e) for e in entries) for scenario, entries in found.items())
     missed = "; ".join(f"{scenario}: {_finding(entry)}" for scenario, entry in nearest.items() if scenario not in found)
     met = len(found) >= GOAL_SCENARIOS
-    met_before = len({scenario for scenario, entry in family if _significant(entry, "long", 1)}) >= GOAL_SCENARIOS
+    met_before = len(_gains(family, "long")[0]) >= GOAL_SCENARIOS
     hinges = "does not hinge" if met == met_before else "hinges"
     return [f"- The 1025-token verdict {hinges} on the family's breadth: with Holm over only the goal's "
             f"{len(family)} comparisons (a check chosen after the test runs), StreamKL gains in {len(found)} of the "
