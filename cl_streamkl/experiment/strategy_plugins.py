@@ -16,6 +16,7 @@ from cl_streamkl.experiment.config import ExperimentConfig, strategy_components
 from cl_streamkl.experiment.data.stream import ExperienceStream
 from cl_streamkl.experiment.replay_buffer import SeededClassBuffer, SeededExperienceBuffer
 from cl_streamkl.experiment.sharded_loaders import ShardedReplayDataLoader
+from cl_streamkl.experiment.template import autocast
 
 
 class DataParallelLwFPlugin(LwFPlugin, supports_distributed=True):
@@ -24,7 +25,16 @@ class DataParallelLwFPlugin(LwFPlugin, supports_distributed=True):
     Avalanche deep-copies the strategy's model, which would copy the wrapper with its
     process group. In the class and domain scenarios the penalty uses the forward's own
     output, so it needs nothing else to run data-parallel.
+
+    The penalty runs under the template's autocast (its ``amp``, "none" for a template
+    without one): the previous model's forward and, with task heads, Avalanche's second
+    forward of the current model then compute in the forward's precision, as the StreamKL
+    plugin's teacher does, where Avalanche's ``before_backward`` would run them in float32.
     """
+
+    def before_backward(self, strategy: Any, **kwargs: Any) -> None:
+        with autocast(strategy.device, getattr(strategy, "amp", "none")):
+            super().before_backward(strategy, **kwargs)
 
     def after_training_exp(self, strategy: Any, **kwargs: Any) -> None:
         self.lwf.post_adapt(SimpleNamespace(model=unwrap_data_parallel(strategy.model)), strategy.experience)
