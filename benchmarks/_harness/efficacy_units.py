@@ -302,19 +302,30 @@ def estimate(key: tuple[str, str, str], rates: dict[tuple[str, str, str], float]
     (kinds differ less within a scenario than across: at 1025 tokens a domain EWC unit took
     twice a class one), else from any key (0 when nothing was measured).
 
-    The guess scales each such key's rate by how much slower ``key`` was than it in
-    ``reference`` (another regime's rates, :func:`reference_rates`) and takes the largest; with
-    no reference for the pair, the slowest such key's rate. Why the scaling: at 4097 tokens
-    only the naive units had finished when the teacher-bearing kinds began, and naive's rate
-    guessed them at a fraction of what they take.
+    Of those keys, the ones whose strategies share the most components with ``key``'s
+    (``lwf`` for ``lwf+pad``) serve, when any shares one. The guess scales each serving key's
+    rate by how much slower ``key`` was than it in ``reference`` (another regime's rates,
+    :func:`reference_rates`) and takes the largest; with no reference for the pair, the slowest
+    serving key's rate. Why the scaling: at 4097 tokens only the naive units had finished when
+    the teacher-bearing kinds began, and naive's rate guessed them at a fraction of what they
+    take. Why the nearest kinds: a ratio to naive carries every cost a kind shares with its
+    components, also one that changed between the regimes (LwF's float32 penalty at 1025 tokens,
+    bf16 at 4097 made ``lwf+pad`` look 8 times naive's there but about 1.2 times ``lwf``'s).
     """
     if key in rates:
         return rates[key]
     scenario = {other: rate for other, rate in rates.items() if other[0] == key[0]} or rates
     alike = {other: rate for other, rate in scenario.items() if (other[2] == FIRST) == (key[2] == FIRST)} or scenario
+    shared = {other: len(_components(other) & _components(key)) for other in alike}
+    nearest = {other: rate for other, rate in alike.items() if shared[other] == max(shared.values())}
     reference = reference or {}
     return max((rate * reference[key] / reference[other] if reference.get(key) and reference.get(other) else rate
-                for other, rate in alike.items()), default=0.0)
+                for other, rate in nearest.items()), default=0.0)
+
+
+def _components(key: tuple[str, str, str]) -> set[str]:
+    """The strategy components of a :func:`rate_key` (none for a first experience)."""
+    return set() if key[2] == FIRST else set(key[2].split("+"))
 
 
 def seconds_left(units: Iterable[Unit], plan: dict[str, Any], root: Path,

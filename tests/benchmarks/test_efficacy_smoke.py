@@ -531,6 +531,13 @@ def test_each_kind_of_unit_is_judged_by_its_own_rate():
     assert estimate(key(lwf), only_streamkl) == pytest.approx(50.0)
     assert estimate(key(lwf), only_streamkl, reference) == pytest.approx(150.0)
     assert estimate(key(ewc), only_streamkl, reference) == pytest.approx(50.0)  # not in it
+    # A combination is guessed from the kinds it shares components with, scaled by the reference:
+    # lwf+pad from lwf (1.2 times it there), not from naive, whose ratio carries LwF's old cost.
+    lwf_pad, naive = (dataclasses.replace(lwf, strategy=name) for name in ("lwf+pad", "naive"))
+    here = {key(naive): 100.0, key(lwf): 150.0}
+    reference = {key(naive): 50.0, key(lwf): 400.0, key(lwf_pad): 480.0}
+    assert estimate(key(lwf_pad), here, reference) == pytest.approx(180.0)
+    assert estimate(key(lwf_pad), {key(naive): 100.0}, reference) == pytest.approx(960.0)
 
 
 def test_first_experiences_are_timed_apart_from_the_later_ones():
