@@ -21,7 +21,7 @@ import time
 import traceback
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from _harness.efficacy_plan import Unit, experience_weights
 from cl_streamkl.experiment.config import ExperimentConfig
@@ -347,9 +347,23 @@ def seconds_left(units: Iterable[Unit], plan: dict[str, Any], root: Path,
     return len(left), total
 
 
+class Outcome(NamedTuple):
+    """What a start did with its units."""
+
+    finished: int
+    """Units finished (their records written)."""
+    unfinished: int
+    """Units not started, stopped between experiences or cut by the hard deadline."""
+    failed: int
+    """Units that raised."""
+    experiences: int
+    """Experiences trained and kept (checkpointed, or in a finished unit) by this start: what a
+    start that finished no unit still did."""
+
+
 def run_units(units: Sequence[Unit], pool: concurrent.futures.Executor, plan: dict[str, Any], args: argparse.Namespace,
-              deadline: float | None, hard_deadline: float | None = None) -> tuple[int, int, int]:
-    """Run ``units``; returns (finished, stopped by the deadline or the hard deadline, failed).
+              deadline: float | None, hard_deadline: float | None = None) -> Outcome:
+    """Run ``units``; returns what became of them (:class:`Outcome`).
 
     A unit that raises is reported on stderr and the others go on: one broken run must not
     cost a time-limited machine call every other unit's work (its checkpoints stay in the
@@ -364,9 +378,11 @@ def run_units(units: Sequence[Unit], pool: concurrent.futures.Executor, plan: di
                                             not _begun_path(str(args.out), unit).is_file()))
     # A unit that would not finish may begin now and go on in later starts, unless this is the last.
     start_seconds = None if args.time_limit is None or args.last_start else 60 * args.time_limit
+    before = {unit: _trained(str(args.out), unit) for unit in units}
     futures = {pool.submit(run_unit, unit, plan, args.device, str(args.out), deadline, args.execution, start_seconds,
                            args.reference, args.max_unfinished): unit for unit in units}
     finished = stopped = failed = 0
+    done: set[Unit] = set()
     waiting = None if hard_deadline is None else max(0.0, hard_deadline - time.time())
     try:
         for future in concurrent.futures.as_completed(futures, timeout=waiting):
@@ -383,6 +399,7 @@ def run_units(units: Sequence[Unit], pool: concurrent.futures.Executor, plan: di
                 stopped += 1
                 continue
             finished += 1
+            done.add(unit)
             last = record["accuracy_matrix"][-1]
             print(f"[{finished}/{len(units)}] {unit.name}: mean experience accuracy "
                   f"{100 * sum(last) / len(last):.1f} % ({record['process_s']:.0f} s)", flush=True)
@@ -393,7 +410,9 @@ def run_units(units: Sequence[Unit], pool: concurrent.futures.Executor, plan: di
         stopped += cut
         print(f"efficacy.py: --hard-limit reached: {cut} units stopped or never started (those training lose "
               "the experience they were in and resume from their checkpoints)", file=sys.stderr, flush=True)
-    return finished, stopped, failed
+    experiences = sum((len(experience_weights(unit, plan)) if unit in done else _trained(str(args.out), unit))
+                      - trained for unit, trained in before.items())
+    return Outcome(finished, stopped, failed, experiences)
 
 
 def _kill_workers() -> None:

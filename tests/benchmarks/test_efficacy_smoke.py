@@ -275,7 +275,7 @@ def test_the_last_start_begins_no_unit_it_cannot_finish(tmp_path, monkeypatch, c
     for last in (False, True):
         args = argparse.Namespace(out=tmp_path, device="cpu", execution={}, time_limit=10.0, last_start=last,
                                   reference={}, max_unfinished=None)
-        assert efficacy_units.run_units(units, efficacy_units.InProcess(), plan, args, 1e12) == (0, 1, 0)
+        assert efficacy_units.run_units(units, efficacy_units.InProcess(), plan, args, 1e12) == (0, 1, 0, 0)
     # A whole start's seconds, or none: every unit must finish in this one.
     assert starts == [(600.0, {}), (None, {})]
     assert efficacy.main(["--regime", "short", "--last-start"]) == 2
@@ -460,9 +460,38 @@ def test_a_failed_unit_is_reported_and_the_others_go_on(tmp_path, monkeypatch, c
     monkeypatch.setattr(efficacy_units, "run_unit", run_unit)
     args = argparse.Namespace(out=tmp_path, device="cpu", execution={}, time_limit=None, last_start=False,
                               reference={}, max_unfinished=None)
-    assert efficacy_units.run_units(units, efficacy_units.InProcess(), plan, args, None) == (2, 0, 1)
+    # The two finished units' experiences count as trained here; the broken one's do not.
+    experiences = sum(len(efficacy_plan.experience_weights(unit, plan)) for unit in (units[0], units[2]))
+    assert efficacy_units.run_units(units, efficacy_units.InProcess(), plan, args, None) == (2, 0, 1, experiences)
     err = capsys.readouterr().err
     assert f"unit {units[1].name} failed: RuntimeError: CUDA error: out of memory" in err
+
+
+def test_a_start_counts_the_experiences_it_trained_and_kept(tmp_path, monkeypatch):
+    """A start that finishes no unit may still have moved units on: the experiences it trained and
+    checkpointed count, and so do a finished unit's, less those an earlier start had trained."""
+    plan = efficacy_plan.make_plan("short", [100, 101], [200, 201])
+    stopped, finished = efficacy_plan.tuning_units(plan, "task")[:2]
+
+    def checkpoint(unit, trained):
+        (tmp_path / "runs" / unit.name).mkdir(parents=True, exist_ok=True)
+        efficacy_units._progress_path(str(tmp_path), unit).write_text(f"{trained}\n")
+
+    checkpoint(stopped, 1)
+    checkpoint(finished, 1)
+
+    def run_unit(unit, *_):
+        if unit == stopped:
+            checkpoint(unit, 2)  # one more experience, then the deadline
+            return None
+        return {"accuracy_matrix": [[0.5, 0.5]], "process_s": 1.0}
+
+    monkeypatch.setattr(efficacy_units, "run_unit", run_unit)
+    args = argparse.Namespace(out=tmp_path, device="cpu", execution={}, time_limit=10.0, last_start=False,
+                              reference={}, max_unfinished=None)
+    count = len(efficacy_plan.experience_weights(finished, plan))
+    outcome = efficacy_units.run_units([stopped, finished], efficacy_units.InProcess(), plan, args, 1e12)
+    assert outcome == efficacy_units.Outcome(finished=1, unfinished=1, failed=0, experiences=1 + count - 1)
 
 
 def test_experience_weights_follow_the_data_and_the_replayed_images():
@@ -592,7 +621,8 @@ def test_the_hard_limit_kills_the_workers_and_still_writes_the_report(tmp_path, 
     assert time.time() - began < 60
     out = capsys.readouterr()
     assert "efficacy.py: --hard-limit reached: 2 units stopped or never started" in out.err
-    assert "2 stopped by the time limit" in out.out
+    assert "2 unfinished, not started or stopped by the time limit" in out.out
+    assert "; 0 experiences trained and kept;" in out.out
     assert json.loads(report.read_text())["units"]["tune"][0] == 0 and archive.is_file()
     assert not multiprocessing.active_children()
     for argv, error in ((["--workers", "0", "--hard-limit", "5"], "--hard-limit needs worker processes (--workers >= 1)"),
