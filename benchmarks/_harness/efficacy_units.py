@@ -309,8 +309,9 @@ def estimate(key: tuple[str, str, str], rates: dict[tuple[str, str, str], float]
     serving key's rate. Why the scaling: at 4097 tokens only the naive units had finished when
     the teacher-bearing kinds began, and naive's rate guessed them at a fraction of what they
     take. Why the nearest kinds: a ratio to naive carries every cost a kind shares with its
-    components, also one that changed between the regimes (LwF's float32 penalty at 1025 tokens,
-    bf16 at 4097 made ``lwf+pad`` look 8 times naive's there but about 1.2 times ``lwf``'s).
+    components, also one that changed between the regimes: LwF's penalty ran in float32 at 1025
+    tokens and in bf16 at 4097, where ``lwf`` took 2.4 times naive's time a weight, yet
+    ``lwf+pad`` was guessed from naive at 8 times (from ``lwf``, 1.03 times ``lwf``'s).
     """
     if key in rates:
         return rates[key]
