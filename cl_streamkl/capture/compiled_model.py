@@ -168,9 +168,9 @@ def _allow_recompiles() -> None:
 
     The compiled forward has one graph per mode it meets: training; a frozen teacher's and
     evaluation's no-grad forwards (parameters that do or do not require gradients, train or
-    eval mode); baselines that forward outside autocast (EWC's importances); a last batch below a size the graph was specialised for. One strategy needs
-    2 to 7 of them, but a process that trains several one after another (the efficacy study's
-    workers) met 9 on a CPU, past Dynamo's default of 8, after which every new mode runs the
+    eval mode); baselines that forward outside autocast (EWC's importances); a last batch
+    below a size the graph was specialised for. One strategy needs 2 to 7 of them, but a
+    process that trains several one after another (the efficacy study's workers) met 9 on a CPU, past Dynamo's default of 8, after which every new mode runs the
     forward eagerly: still right, but slow.
     """
     config = torch._dynamo.config

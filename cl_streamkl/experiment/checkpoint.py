@@ -13,6 +13,7 @@ import hashlib
 import json
 import random
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,12 +55,16 @@ class RunIdentity:
         return f"{self.strategy} seed {self.seed}"
 
 
+def _tensor_bytes(tensor: torch.Tensor) -> Any:
+    """A tensor's bytes in row-major order, on the CPU (a NumPy uint8 array)."""
+    return tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()
+
+
 def _feed(digest: Any, value: Any) -> None:
     """Hash ``value`` (nested dicts, lists, tuples, tensors, plain scalars) in a canonical order."""
     if isinstance(value, torch.Tensor):
-        tensor = value.detach().cpu().contiguous()
-        digest.update(f"T{tensor.dtype}{tuple(tensor.shape)}:".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+        digest.update(f"T{value.dtype}{tuple(value.shape)}:".encode())
+        digest.update(_tensor_bytes(value))
     elif isinstance(value, dict):
         digest.update(f"D{len(value)}:".encode())
         for key in sorted(value, key=lambda k: (type(k).__name__, repr(k))):
@@ -94,16 +99,26 @@ def save_checkpoint(path: str | Path, state: dict[str, Any], identity: RunIdenti
     stamped = {**state, "format": CHECKPOINT_FORMAT, "strategy": identity.strategy, "seed": identity.seed,
                "config": identity.config, "config_fingerprint": identity.fingerprint}
     stamped["checksum"] = checksum(stamped)
-    shared = _share_equal_tensors(stamped, {})
+    shared = _share_equal_tensors(stamped)
     write_atomically(path, lambda handle: torch.save(shared, handle))
 
 
 def _tensor_key(tensor: torch.Tensor) -> tuple[Any, ...]:
-    data = tensor.detach().cpu().contiguous()
-    return (data.dtype, tuple(data.shape), hashlib.sha256(data.reshape(-1).view(torch.uint8).numpy()).digest())
+    return tensor.dtype, tuple(tensor.shape), hashlib.sha256(_tensor_bytes(tensor)).digest()
 
 
-def _share_equal_tensors(value: Any, seen: dict[tuple[Any, ...], torch.Tensor]) -> Any:
+def _map_tensors(value: Any, function: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """``value`` (nested dicts, lists, tuples) with each tensor replaced by ``function(tensor)``, in order."""
+    if isinstance(value, torch.Tensor):
+        return function(value)
+    if isinstance(value, dict):
+        return {key: _map_tensors(item, function) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_tensors(item, function) for item in value)
+    return value
+
+
+def _share_equal_tensors(value: Any) -> Any:
     """``value`` with every tensor equal in dtype, shape and bytes to an earlier one replaced by it.
 
     ``torch.save`` writes a storage once however many tensors use it. Between experiences a
@@ -111,27 +126,21 @@ def _share_equal_tensors(value: Any, seen: dict[tuple[Any, ...], torch.Tensor]) 
     so a checkpoint holding each once is a fraction of the size; :func:`load_checkpoint` gives
     every tensor its own storage again.
     """
-    if isinstance(value, torch.Tensor):
-        return seen.setdefault(_tensor_key(value), value)
-    if isinstance(value, dict):
-        return {key: _share_equal_tensors(item, seen) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_share_equal_tensors(item, seen) for item in value)
-    return value
+    seen: dict[tuple[Any, ...], torch.Tensor] = {}
+    return _map_tensors(value, lambda tensor: seen.setdefault(_tensor_key(tensor), tensor))
 
 
-def _unshare(value: Any, seen: set[int]) -> Any:
+def _unshare(value: Any) -> Any:
     """``value`` with every tensor that appeared before (the same object) replaced by a copy."""
-    if isinstance(value, torch.Tensor):
-        if id(value) in seen:
-            return value.clone()
-        seen.add(id(value))
-        return value
-    if isinstance(value, dict):
-        return {key: _unshare(item, seen) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_unshare(item, seen) for item in value)
-    return value
+    seen: set[int] = set()
+
+    def own(tensor: torch.Tensor) -> torch.Tensor:
+        if id(tensor) in seen:
+            return tensor.clone()
+        seen.add(id(tensor))
+        return tensor
+
+    return _map_tensors(value, own)
 
 
 def _unreadable(path: Path) -> str:
@@ -179,7 +188,7 @@ def load_checkpoint(path: str | Path, identity: RunIdentity) -> dict[str, Any]:
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT or "checksum" not in state:
         raise CheckpointError(f"{path} is not a checkpoint of this cl-streamkl version; {restart}")
     # Equal tensors were saved once (see save_checkpoint); a caller may change one in place.
-    state = _unshare(state, set())
+    state = _unshare(state)
     missing = [key for key in _REQUIRED_KEYS if key not in state]
     if missing:
         raise CheckpointError(f"checkpoint {path} lacks {missing}; {restart}")
