@@ -301,7 +301,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     if args.json:
         write_json(args.json, build_report(plan, finished_records(args.out), environment))
-    started = stopped = failed = experiences = 0
+    started = unfinished = failed = experiences = 0
     planned: list[Unit] = []  # every unit this start was to run, finished or not
     if args.part != "plan":
         context = multiprocessing.get_context("spawn")
@@ -335,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     load_data(todo[0], plan)  # generated here once, not by every worker at the same time
                 outcome = run_units(todo, pool, plan, args, deadline, hard_deadline)
                 started += outcome.finished + outcome.unfinished + outcome.failed
-                stopped, failed = stopped + outcome.unfinished, failed + outcome.failed
+                unfinished, failed = unfinished + outcome.unfinished, failed + outcome.failed
                 experiences += outcome.experiences
                 if hard_deadline is not None and time.time() >= hard_deadline:
                     break  # the workers are gone
@@ -348,8 +348,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(side_by_side([report]))
     print(f"plan {report['plan_fingerprint']}: " + "; ".join(
         f"{part} {done}/{total} units" for part, (done, total) in report["units"].items())
-        + (f"; {stopped} unfinished, not started or stopped by the time limit (they resume from their "
-           "checkpoints)" if stopped else "")
+        + (f"; {unfinished} unfinished, not started or stopped by the time limit (they resume from their "
+           "checkpoints)" if unfinished else "")
         + (f"; {experiences} experiences trained and kept" if args.part != "plan" else "")
         + (f"; {failed} failed (see above)" if failed else "")
         + f"; {time.time() - start:.0f} s" + _time_left(planned, plan, args))

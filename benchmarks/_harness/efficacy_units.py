@@ -375,15 +375,14 @@ def run_units(units: Sequence[Unit], pool: concurrent.futures.Executor, plan: di
     # Units begun first, those with checkpoints before the others (stable: otherwise in plan
     # order): the last start finishes the work already paid for, and a unit begun holds one of
     # --max-unfinished's places until it finishes.
-    units = sorted(units, key=lambda unit: (_trained(str(args.out), unit) == 0,
-                                            not _begun_path(str(args.out), unit).is_file()))
+    before = {unit: _trained(str(args.out), unit) for unit in units}  # experiences checkpointed
+    units = sorted(units, key=lambda unit: (before[unit] == 0, not _begun_path(str(args.out), unit).is_file()))
     # A unit that would not finish may begin now and go on in later starts, unless this is the last.
     start_seconds = None if args.time_limit is None or args.last_start else 60 * args.time_limit
-    before = {unit: _trained(str(args.out), unit) for unit in units}
     futures = {pool.submit(run_unit, unit, plan, args.device, str(args.out), deadline, args.execution, start_seconds,
                            args.reference, args.max_unfinished): unit for unit in units}
-    finished = stopped = failed = 0
-    done: set[Unit] = set()
+    stopped = failed = 0
+    done: set[Unit] = set()  # finished
     waiting = None if hard_deadline is None else max(0.0, hard_deadline - time.time())
     try:
         for future in concurrent.futures.as_completed(futures, timeout=waiting):
@@ -399,10 +398,9 @@ def run_units(units: Sequence[Unit], pool: concurrent.futures.Executor, plan: di
             if record is None:
                 stopped += 1
                 continue
-            finished += 1
             done.add(unit)
             last = record["accuracy_matrix"][-1]
-            print(f"[{finished}/{len(units)}] {unit.name}: mean experience accuracy "
+            print(f"[{len(done)}/{len(units)}] {unit.name}: mean experience accuracy "
                   f"{100 * sum(last) / len(last):.1f} % ({record['process_s']:.0f} s)", flush=True)
     except concurrent.futures.TimeoutError:
         cut = sum(not future.done() for future in futures)
@@ -413,7 +411,7 @@ def run_units(units: Sequence[Unit], pool: concurrent.futures.Executor, plan: di
               "the experience they were in and resume from their checkpoints)", file=sys.stderr, flush=True)
     experiences = sum((len(experience_weights(unit, plan)) if unit in done else _trained(str(args.out), unit))
                       - trained for unit, trained in before.items())
-    return Outcome(finished, stopped, failed, experiences)
+    return Outcome(len(done), stopped, failed, experiences)
 
 
 def _kill_workers() -> None:
