@@ -319,6 +319,23 @@ def _comparisons(entries: dict[str, list[dict[str, Any]]]) -> set[tuple[str, str
             for scenario, listed in entries.items() for e in listed}
 
 
+def _against(entries: Iterable[tuple[str, dict[str, Any]]], report: dict[str, Any]) -> list[str]:
+    """The goal's comparisons and those against PAD in StreamKL's place that go against StreamKL
+    in a goal metric with a 95 % interval excluding 0, Holm-significant or not: per pair, both
+    metrics in words (:func:`_pair_numbers`)."""
+    pairs: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for scenario, entry in entries:
+        if not (_goal_comparison(entry) or entry["baseline"] == _pad_in_place(entry["strategy"])):
+            continue
+        if entry["metric"] not in GOAL_METRICS or entry["n"] < GOAL_SEEDS[report["regime"]]:
+            continue
+        low, high = entry["ci95"]
+        if GOAL_METRICS[entry["metric"]] * entry["mean_diff"] < 0 and (low > 0 or high < 0):
+            pairs.setdefault((scenario, entry["strategy"], entry["baseline"]), entry)
+    return [f"{scenario}: {_pair_numbers(_both_metrics(entry, report, scenario))}"
+            for (scenario, _, _), entry in pairs.items()]
+
+
 def goal(reports: Sequence[dict[str, Any]]) -> list[str]:
     """The study's goal, judged from the 1025- and 4097-token reports: one line each, and PAD.
 
@@ -360,7 +377,11 @@ def goal(reports: Sequence[dict[str, Any]]) -> list[str]:
                     else "no gain seen at 1025 tokens among the comparisons it makes")
         against_pad = ("Significantly worse than PAD: " + "; ".join(f"{scenario}: {_finding(e)}" for scenario, e in worse)
                        if worse else "Nowhere significantly worse than PAD")
-        lines.append(f"- {tokens} tokens{interim}: StreamKL gains ({need}): {where}. {against_pad}.")
+        # What goes against StreamKL, said as plainly as its gains, uncorrected intervals included.
+        against = _against(paired, report)
+        against_text = (" Against StreamKL, with a 95 % interval excluding 0: " + "; ".join(against) + "."
+                        if against else "")
+        lines.append(f"- {tokens} tokens{interim}: StreamKL gains ({need}): {where}. {against_pad}.{against_text}")
     return lines
 
 
