@@ -66,8 +66,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def load_checkpoint(path: Path, device: str, compile_model: bool, batch_size: int | None) -> dict[str, Any]:
     """The checkpoint's configuration, stream, weights and the experience that comes next."""
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    if state.get("format", "").split("/")[0] != "cl_streamkl.run-checkpoint":
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:  # noqa: BLE001 - any unreadable file gets the same one line
+        raise SystemExit(f"penalty_descent.py: --checkpoint {path} cannot be read: {err}") from None
+    if not isinstance(state, dict) or str(state.get("format", "")).split("/")[0] != "cl_streamkl.run-checkpoint":
         raise SystemExit(f"penalty_descent.py: --checkpoint {path} is not a run checkpoint")
     fields = {**json.loads(state["config"]), "device": device, "compile_model": compile_model,
               "compile_teacher": False}

@@ -11,9 +11,10 @@ with one of the views the file defines (``kernel-long-bf16/headline``: some of i
 rows). The efficacy study's tables draw on its reports side by side (those of
 ``efficacy-short.json``, ``efficacy-long.json`` and ``efficacy-long4097.json`` that exist):
 ``efficacy/summary`` (README's section), ``efficacy/learning`` (naive's learning accuracy per
-experience), ``efficacy/<scenario>``, ``efficacy/<scenario>-paired`` and
-``efficacy/<scenario>-tuning``; ``efficacy-upscaled/<scenario>[-paired]`` are the earlier
-study's, whose long tokens were upscaled 28 px digits. Under each table a line names the file
+experience), ``efficacy/task-penalty`` (each distilling unit's mean penalty),
+``efficacy/<scenario>``, ``efficacy/<scenario>-paired`` and ``efficacy/<scenario>-tuning``;
+``efficacy-upscaled/<scenario>[-paired]`` are the earlier study's, whose long tokens were
+upscaled 28 px digits. Under each table a line names the file
 it comes from, the GPU, versions, commit and date.
 
 A table file holds ``title``, ``gpu``, ``torch``, ``triton`` and where known ``python``,
@@ -114,6 +115,8 @@ def _efficacy(view: str, document: Path, results: Path) -> list[str]:
         lines = efficacy_tables.summary(reports)
     elif view == "learning":
         lines = efficacy_tables.learning_table(reports)
+    elif view == "task-penalty":
+        lines = efficacy_tables.penalty_table(reports, "task")
     elif kind == "paired":
         lines = efficacy_tables.paired_table(reports, scenario)
     elif kind == "tuning":
@@ -141,7 +144,8 @@ def _efficacy_view(stem: str, view: str) -> bool:
     scenario, _, kind = view.partition("-")
     if stem == "efficacy-upscaled":
         return scenario in efficacy_tables.SCENARIOS and kind in ("", "paired")
-    return view in ("summary", "learning") or (scenario in efficacy_tables.SCENARIOS and kind in EFFICACY_VIEWS)
+    return (view in ("summary", "learning", "task-penalty")
+            or (scenario in efficacy_tables.SCENARIOS and kind in EFFICACY_VIEWS))
 
 
 def render(name: str, document: Path, results: Path = RESULTS) -> str:
@@ -154,6 +158,7 @@ def render(name: str, document: Path, results: Path = RESULTS) -> str:
     if stem in ("efficacy", "efficacy-upscaled"):
         if not _efficacy_view(stem, view):
             raise ValueError(f"table {name!r}: efficacy tables are efficacy/summary, efficacy/learning, "
+                             "efficacy/task-penalty, "
                              "efficacy/<class|task|domain>[-paired|-tuning] and efficacy-upscaled/<scenario>[-paired]")
         render_view = _efficacy if stem == "efficacy" else _upscaled
         return "\n".join(render_view(view, document, results)) + "\n"

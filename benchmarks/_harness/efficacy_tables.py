@@ -10,6 +10,8 @@ are done.
 
 from __future__ import annotations
 
+import statistics
+
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -174,6 +176,33 @@ def learning_table(reports: Sequence[dict[str, Any]], strategy: str = "naive") -
             cells.append(f"{sum(values) / len(values):.1f} (lowest {min(values):.1f})" if values else "–")
         lines.append(f"| {scenario} | {tokens} | {len(diagonals)} | " + " | ".join(cells) + " |")
     return lines
+
+
+def penalty_table(reports: Sequence[dict[str, Any]], scenario: str = "task") -> list[str]:
+    """How large the distillation penalty ran: each test unit's mean over its training steps of the
+    weighted penalty (StreamKL: alpha × the mean KL per query row over the blocks; PAD: its
+    weight × its distance), per seed, per regime and distilling strategy of ``scenario``.
+
+    The penalty is 0 through the first experience (no teacher yet) and those steps count in the mean.
+    """
+    rows = []
+    for report in reports:
+        per_strategy: dict[str, list[tuple[int, float]]] = {}
+        for record in report.get("records", {}).values():
+            unit = record["unit"]
+            if unit["part"] != "test" or unit["scenario"] != scenario or record.get("mean_penalty") is None:
+                continue
+            label = unit["strategy"] + (f" ({unit['arm']})" if unit["arm"] else "")
+            per_strategy.setdefault(label, []).append((int(record["seed"]), float(record["mean_penalty"])))
+        for label, values in sorted(per_strategy.items()):
+            values.sort()
+            rows.append(f"| {report['settings']['tokens']} | {label} | {len(values)} | "
+                        + ", ".join(f"{value:.3g}" for _, value in values)
+                        + f" | {statistics.median(value for _, value in values):.3g} |")
+    if not rows:
+        return [f"No distilling test units in {scenario} yet."]
+    return ["| tokens | strategy | seeds | mean penalty per seed (seed order) | median |",
+            "|---:|---|---:|---|---:|", *rows]
 
 
 def conclusion(reports: Sequence[dict[str, Any]]) -> list[str]:
