@@ -693,3 +693,21 @@ def test_a_stopped_unit_goes_on_from_the_archive_on_another_machine(tmp_path, mo
     once = efficacy_units.run_unit(unit, plan, "cpu", str(whole), None)
     assert [number for number, _ in once["experience_s"]] == [1, 2, 3]
     assert resumed["accuracy_matrix"] == once["accuracy_matrix"] and resumed["penalties"] == once["penalties"]
+
+
+def test_the_penalty_table_lists_each_distilling_unit_per_seed():
+    def record(strategy, seed, penalty, part="test", scenario="task", arm=""):
+        return {"unit": {"part": part, "scenario": scenario, "arm": arm, "strategy": strategy, "seed": seed},
+                "seed": seed, "mean_penalty": penalty}
+
+    records = [record("streamkl", 201, 77.7), record("streamkl", 200, 10.2), record("streamkl", 202, 1.18),
+               record("naive", 200, None),  # no penalty: not listed
+               record("streamkl", 100, 5.0, part="tune"), record("streamkl", 200, 3.0, scenario="class"),
+               record("replay+pad", 200, 0.5, arm="mem200")]
+    report = {"settings": {"tokens": 4097}, "records": {str(i): r for i, r in enumerate(records)}}
+    assert efficacy_tables.penalty_table([report]) == [
+        "| tokens | strategy | seeds | mean penalty per seed (seed order) | median |",
+        "|---:|---|---:|---|---:|",
+        "| 4097 | replay+pad (mem200) | 1 | 0.5 | 0.5 |",
+        "| 4097 | streamkl | 3 | 10.2, 77.7, 1.18 | 10.2 |"]
+    assert efficacy_tables.penalty_table([report], "domain") == ["No distilling test units in domain yet."]
