@@ -30,7 +30,8 @@ import torch
 import torch.nn.functional as F
 
 from _harness.measure import relative_error
-from _harness.report import add_json_flag, describe_environment, environment_line, run_settings, write_json
+from _harness.report import (add_json_flag, describe_environment, environment_line, run_settings, table_header,
+                             write_json)
 from cl_streamkl import attention_kl_reference
 from cl_streamkl.experiment.config import ExperimentConfig
 from cl_streamkl.experiment.preflight import build_run_model, build_run_stream, check_experiment
@@ -83,7 +84,7 @@ def load_checkpoint(path: Path, device: str, compile_model: bool, batch_size: in
         raise SystemExit(f"penalty_descent.py: --checkpoint {path} has {experience} experiences done; "
                          f"1 to {len(stream.train) - 1} leave one to replay")
     return {"config": config, "stream": stream, "weights": state["model"], "experience": experience,
-            "seed": int(state["seed"])}
+            "seed": int(state["seed"]), "name": f"{state['strategy']} seed {state['seed']}"}
 
 
 def fresh_model(run: dict[str, Any]) -> torch.nn.Module:
@@ -152,13 +153,32 @@ def replay(run: dict[str, Any], backend: str, steps: int, with_loss: bool, check
             "checks": checks}
 
 
-def summary_line(result: dict[str, Any]) -> str:
-    penalties = result["penalties"]
+COLUMNS = [
+    {"name": "backend"}, {"name": "loss"}, {"name": "batch", "align": "right", "format": "d"},
+    {"name": "steps", "align": "right", "format": "d"},
+    {"name": "penalty at start", "align": "right", "format": ".3g"},
+    {"name": "after 1 step", "align": "right", "format": ".3g"},
+    {"name": "max", "align": "right", "format": ".3g"},
+    {"name": "mean of last tenth", "align": "right", "format": ".3g"},
+    {"name": "float64 checks", "align": "right", "format": "d"},
+    {"name": "worst value rel. err.", "align": "right", "format": ".1e"},
+    {"name": "worst gradient rel. err.", "align": "right", "format": ".1e"},
+]
+
+
+def table_row(result: dict[str, Any], batch: int) -> list[Any]:
+    """One run as a row of :data:`COLUMNS`."""
+    penalties, checks = result["penalties"], result["checks"]
     tail = penalties[-max(1, len(penalties) // 10):]
-    worst = max((c["grad_rel_err"] for c in result["checks"]), default=float("nan"))
-    return (f"{result['backend']:6} {'ce+penalty' if result['cross_entropy'] else 'penalty   '}: penalty step 1 "
-            f"{penalties[min(1, len(penalties) - 1)]:.4g}, max {max(penalties):.4g}, last tenth mean "
-            f"{sum(tail) / len(tail):.4g}; worst float64 gradient rel err {worst:.2e}")
+    worst = (lambda key: max(check[key] for check in checks)) if checks else (lambda key: None)
+    return [result["backend"], "cross-entropy + penalty" if result["cross_entropy"] else "penalty alone", batch,
+            len(penalties), penalties[0], penalties[min(1, len(penalties) - 1)], max(penalties),
+            sum(tail) / len(tail), len(checks), worst("value_rel_err"), worst("grad_rel_err")]
+
+
+def summary_line(row: list[Any]) -> str:
+    return " | ".join(f"{column['name']} {value if value is None else format(value, column.get('format', ''))}"
+                      for column, value in zip(COLUMNS, row))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,14 +189,17 @@ def main(argv: list[str] | None = None) -> int:
     tokens = (run["config"].image_size // run["config"].patch_size) ** 2 + 1
     print(f"# {args.checkpoint.name}: experience {run['experience'] + 1} of {len(run['stream'].train)}, "
           f"{tokens} tokens, alpha {run['config'].alpha}", flush=True)
-    results = []
+    results, rows = [], []
     for with_loss in (True, False) if args.penalty_only else (True,):
         for backend in args.backends:
             results.append(replay(run, backend, args.steps, with_loss, args.check_every))
-            print(summary_line(results[-1]), flush=True)
+            rows.append(table_row(results[-1], run["config"].batch_size))
+            print(summary_line(rows[-1]), flush=True)
     if args.json is not None:
-        write_json(args.json, {"environment": environment, "settings": run_settings(args), "tokens": tokens,
-                               "experience": run["experience"], "seed": run["seed"], "runs": results})
+        title = (f"StreamKL penalty replaying experience {run['experience'] + 1} of a study checkpoint "
+                 f"({run['name']}, {tokens} tokens, alpha {run['config'].alpha:g}), per backend")
+        write_json(args.json, {"title": title, **table_header(environment), "settings": run_settings(args),
+                               "columns": COLUMNS, "rows": rows, "runs": results})
     return 0
 
 

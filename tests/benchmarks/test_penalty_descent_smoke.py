@@ -44,8 +44,13 @@ def test_replays_the_next_experience_per_backend_with_float64_checks(checkpoints
                         "--backends", "torch", "triton", "--penalty-only", "--check-every", "2",
                         "--json", str(out)]) == 0
     printed = capsys.readouterr().out
-    assert "experience 2 of 2, 5 tokens" in printed and printed.count("worst float64 gradient rel err") == 4
+    assert "experience 2 of 2, 5 tokens" in printed and printed.count("worst gradient rel. err.") == 4
     payload = json.loads(out.read_text())
+    assert payload["title"].startswith("StreamKL penalty replaying experience 2 of a study checkpoint (naive seed 0,")
+    assert [row[:4] for row in payload["rows"]] == [["torch", "cross-entropy + penalty", 16, 3],
+                                                    ["triton", "cross-entropy + penalty", 16, 3],
+                                                    ["torch", "penalty alone", 16, 3], ["triton", "penalty alone", 16, 3]]
+    assert all(len(row) == len(payload["columns"]) and row[8] == 2 for row in payload["rows"])
     assert [(run["backend"], run["cross_entropy"]) for run in payload["runs"]] == [
         ("torch", True), ("triton", True), ("torch", False), ("triton", False)]
     for run in payload["runs"]:
