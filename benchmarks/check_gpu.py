@@ -4,7 +4,8 @@ Checks, on CUDA, against the float64 materialising reference:
   * bf16 / fp16 / fp32 at N = 1, 17, 197, 577, 1024, 1025, 4096 (values and student gradients;
     the odd lengths run the masked tail tiles), causal and mutual (teacher-gradient) variants,
     each with the split and the one-pass backward (``--backwards``); head dims 32, 80, 128 and
-    256 with each backward; timm-style strided views;
+    256 with each backward; timm-style strided views; the grouped kernels over 4 blocks of
+    8x2xNx32 at N = 1025 (fixed grouped tiles) and 4097 (the autotuner's path);
   * int64 addressing: a strided view whose offsets pass 2**31 elements, at N = 131072;
   * torch.compile(fullgraph=True) through the registered custom ops.
 Then times (1, 12, 8192, 64) bf16 fwd and fwd+bwd beside SDPA and eager PyTorch.
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 from _harness.measure import median_ms, relative_error
 from _harness.options import DTYPES
 from _harness.report import add_json_flag, describe_environment, environment_line, run_settings, write_json
-from cl_streamkl import attention_kl, attention_kl_reference
+from cl_streamkl import attention_kl, attention_kl_grouped, attention_kl_reference
 from cl_streamkl.kernels import eager_attention_kl
 from cl_streamkl.kernels.config import BACKWARDS, kernel_options
 
@@ -48,6 +49,31 @@ def check_case(batch, heads, n, dim, dtype, causal=False, teacher_grad=False) ->
         "fwd": relative_error(out, ref),
         "grads": max(relative_error(g, r) for g, r in zip(grads, ref_grads)),
     }
+
+
+def check_grouped(batch: int, heads: int, n: int, dim: int, blocks: int = 4) -> dict:
+    """:func:`attention_kl_grouped` over ``blocks`` bf16 problems (one launch per kernel) against
+    float64 per problem: values (reduction "none") and the student gradients under a random
+    upstream. Past 2048 tokens the grouped kernels take the autotuner's path, not the fixed
+    grouped tiles (the efficacy study's 4097-token blocks: 32x2x4097x32)."""
+    problems = []
+    for _ in range(blocks):
+        q, k, q_t, k_t = (torch.randn(batch, heads, n, dim, device="cuda", dtype=torch.bfloat16) * 1.5
+                          for _ in range(4))
+        problems.append((q.requires_grad_(), k.requires_grad_(), q_t, k_t))
+    inputs = [tensor for problem in problems for tensor in problem[:2]]
+    out = attention_kl_grouped(problems, reduction="none", backend="triton")
+    upstream = torch.randn_like(out)
+    grads = torch.autograd.grad((out * upstream).sum(), inputs)
+    fwd_err, grad_err = 0.0, 0.0
+    for index, (q, k, q_t, k_t) in enumerate(problems):
+        ref = attention_kl_reference(q, k, q_t, k_t, reduction="none")
+        ref_grads = torch.autograd.grad((ref * upstream[index].double()).sum(), (q, k))
+        fwd_err = max(fwd_err, relative_error(out[index], ref))
+        grad_err = max(grad_err, *(relative_error(g, r) for g, r in zip(grads[2 * index:2 * index + 2], ref_grads)))
+        del ref, ref_grads
+        torch.cuda.empty_cache()
+    return {"fwd": fwd_err, "grads": grad_err}
 
 
 def _timm_views(batch: int, tokens: int, heads: int, dim: int, requires_grad: bool):
@@ -203,6 +229,8 @@ def run_extra_checks(backwards: list[str]) -> list[dict]:
         for dim in (32, 80, 128, 256) for backward in backwards
     }
     bf16_cases["strided timm views bf16 (grads in the inputs' layout)"] = check_strided_timm_views
+    for n in (1025, 4097):
+        bf16_cases[f"grouped 4 blocks 8x2x{n}x32 bf16"] = functools.partial(check_grouped, 8, 2, n, 32)
     for name, check in bf16_cases.items():
         with kernel_options(backward=name.split()[-1] if name.split()[-1] in BACKWARDS else "split"):
             result = check()
