@@ -2,9 +2,9 @@
 
 Why: at 4097 tokens the efficacy study's per-step StreamKL penalty (alpha 100) rose from 0 to
 100-300 within an experience's first 50 steps and stayed there in four of five seeds, while at
-1025 tokens it stayed at 0.05-0.4. Either the penalty's gradient is wrong at that length (the
-Triton kernels there run fixed tiles past 2048 tokens and the grouped launch), or the
-penalty cannot hold the attention against the new task's loss. This replays the study's next
+1025 tokens it stayed at 0.05-0.4. Either the penalty's gradient is wrong at that length (past
+2048 tokens the grouped Triton kernels take the autotuner's launch path, not the fixed tiles
+measured at ViT lengths), or the penalty cannot hold the attention against the new task's loss. This replays the study's next
 experience from one of its checkpoints (the model after the previous experiences is the teacher,
 as in the study): the same model, data, batch size, Adam learning rate and bf16 autocast,
 cross-entropy plus ``alpha`` × StreamKL, once per ``--backends`` entry (``triton``: the study's
@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from _harness.efficacy_plan import tokens as token_count
 from _harness.measure import relative_error
 from _harness.report import (add_json_flag, describe_environment, environment_line, run_settings, table_header,
                              write_json)
@@ -186,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     environment = describe_environment(torch.device(args.device), args.commit)
     print("# " + environment_line(environment), flush=True)
     run = load_checkpoint(args.checkpoint, args.device, args.compile_model, args.batch_size)
-    tokens = (run["config"].image_size // run["config"].patch_size) ** 2 + 1
+    tokens = token_count({"image_size": run["config"].image_size, "patch_size": run["config"].patch_size})
     print(f"# {args.checkpoint.name}: experience {run['experience'] + 1} of {len(run['stream'].train)}, "
           f"{tokens} tokens, alpha {run['config'].alpha}", flush=True)
     results, rows = [], []

@@ -11,7 +11,6 @@ are done.
 from __future__ import annotations
 
 import statistics
-
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
