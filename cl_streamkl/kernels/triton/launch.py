@@ -147,17 +147,27 @@ def _backward_constants(
     )
 
 
+def _unused_sum(device: torch.device) -> torch.Tensor:
+    """What the backward kernels get as DQ_SUM or DQT_SUM when they never touch it.
+
+    A one-element buffer of its own: the autotuner zeroes these arguments before the first
+    launch of each tuning key (:func:`~cl_streamkl.kernels.triton.tuning.zeroed_arguments`), so
+    a live tensor standing in (the log-sum-exps, say) would be zeroed before the kernel reads it.
+    """
+    return torch.empty(1, dtype=torch.float32, device=device)
+
+
 def _dq_sums(
-    shapes: tuple[torch.Size, torch.Size], problems: int, device: torch.device, teacher_grad: bool, unused: torch.Tensor
+    shapes: tuple[torch.Size, torch.Size], problems: int, device: torch.device, teacher_grad: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The one-pass backward's float32 sums of dq and dq_teacher: zeros, [problems, B, H, Nq, D] each.
 
-    Without teacher gradients the kernels never touch the second, and ``unused`` stands in.
+    Without teacher gradients the kernels never touch the second: :func:`_unused_sum` stands in.
     """
     q_shape, q_teacher_shape = shapes
     dq_sum = torch.zeros((problems, *q_shape), dtype=torch.float32, device=device)
     if not teacher_grad:
-        return dq_sum, unused
+        return dq_sum, _unused_sum(device)
     return dq_sum, torch.zeros((problems, *q_teacher_shape), dtype=torch.float32, device=device)
 
 
@@ -241,9 +251,9 @@ def launch_backward(grad_rows: torch.Tensor, saved: BackwardInputs) -> list[torc
         # Never written: TEACHER_GRAD=False compiles the teacher stores away.
         grad_q_teacher = grad_k_teacher = grad_q
     if one_pass:
-        dq_sum, dq_teacher_sum = _dq_sums((q.shape, q_teacher.shape), 1, q.device, teacher_grad, lse_student)
+        dq_sum, dq_teacher_sum = _dq_sums((q.shape, q_teacher.shape), 1, q.device, teacher_grad)
     else:
-        dq_sum = dq_teacher_sum = lse_student  # never read
+        dq_sum = dq_teacher_sum = _unused_sum(q.device)
     common = (
         q,
         k,
@@ -417,11 +427,9 @@ def launch_grouped_backward(grad_rows: torch.Tensor, saved: BackwardInputs) -> l
         # Never written: TEACHER_GRAD=False compiles the teacher stores away.
         grad_q_teacher, grad_k_teacher = grad_q, grad_k
     if one_pass:
-        dq_sum, dq_teacher_sum = _dq_sums(
-            (q[0].shape, q_teacher[0].shape), len(q), q[0].device, teacher_grad, lse_student
-        )
+        dq_sum, dq_teacher_sum = _dq_sums((q[0].shape, q_teacher[0].shape), len(q), q[0].device, teacher_grad)
     else:
-        dq_sum = dq_teacher_sum = lse_student  # never read
+        dq_sum = dq_teacher_sum = _unused_sum(q[0].device)
     table, aligned = _table(
         list(zip(q, k, q_teacher, k_teacher, grad_q, grad_q_teacher, grad_k, grad_k_teacher)),
         _grouped_scales(student_scales, teacher_scales),

@@ -184,6 +184,16 @@ _AUTOTUNE_OPTIONS = {
 }
 
 
+def zeroed_arguments(kernel) -> list[str]:
+    """Arguments of ``kernel`` that its autotuner zeroes before timing each candidate and again
+    before the chosen one runs: the one-pass backward adds dq into these float32 sums.
+
+    Whatever tensor a launcher passes there is overwritten with zeros on the first launch of
+    each tuning key, so it must be a buffer of its own, never a tensor the kernel also reads.
+    """
+    return [name for name in ("DQ_SUM", "DQT_SUM") if name in getattr(kernel, "arg_names", ())]
+
+
 def tuned(kernel, kind: str, extra_keys: tuple[str, ...] = ()):
     """``kernel`` autotuned over the ``kind`` candidates ("fwd" or "bwd"); as is under the interpreter.
 
@@ -198,8 +208,7 @@ def tuned(kernel, kind: str, extra_keys: tuple[str, ...] = ()):
     if INTERPRETING:
         return kernel
     key = AUTOTUNE_KEY + list(extra_keys)
-    # The one-pass backward adds dq into zeroed sums: every timed candidate must start from zeros.
-    sums = [name for name in ("DQ_SUM", "DQT_SUM") if name in getattr(kernel, "arg_names", ())]
+    sums = zeroed_arguments(kernel)
     return triton.autotune(
         configs=autotune_configs(kind),
         key=key,
