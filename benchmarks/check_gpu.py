@@ -12,6 +12,9 @@ Then times (1, 12, 8192, 64) bf16 fwd and fwd+bwd beside SDPA and eager PyTorch.
 
 Usage (from the repository root, with the package installed: ``pip install -e .``):
 python benchmarks/check_gpu.py [--skip-timing] [--skip-checks] [--json [PATH]]
+Leave the autotuner on (no ``CL_STREAMKL_AUTOTUNE=0``): in a fresh process each tuning key's first
+launch then goes through ``triton.autotune``, which zeroes some arguments before it times a
+launch; that path is the one users run, and heuristic tiles would skip it.
 """
 
 from __future__ import annotations

@@ -2,10 +2,13 @@
 
 Why: at 4097 tokens the efficacy study's per-step StreamKL penalty (alpha 100) rose from 0 to
 100-300 within an experience's first 50 steps and stayed there in four of five seeds, while at
-1025 tokens it stayed at 0.05-0.4. Either the penalty's gradient is wrong at that length (past
-2048 tokens the grouped Triton kernels take the autotuner's launch path, not the fixed tiles
-measured at ViT lengths), or the penalty cannot hold the attention against the new task's loss. This replays the study's next
-experience from one of its checkpoints (the model after the previous experiences is the teacher,
+1025 tokens it stayed at 0.05-0.4. Either the penalty's gradient was wrong at that length or the
+penalty could not hold the attention against the new task's loss. On the H200 this replay found
+the first: before commit 8234a5c the first backward launch of each tuning key (the autotuner's
+path, which the grouped kernels take past 2048 tokens) read student log-sum-exps the autotuner
+had zeroed (the gradient's relative error at the first step: 9e6); since, the gradient agrees
+with float64 to 3e-3 and the penalty falls. This replays the study's next experience from one
+of its checkpoints (the model after the previous experiences is the teacher,
 as in the study): the same model, data, batch size, Adam learning rate and bf16 autocast,
 cross-entropy plus ``alpha`` × StreamKL, once per ``--backends`` entry (``triton``: the study's
 kernels; ``torch``: the PyTorch streaming backend, an independent implementation) and, with
