@@ -47,12 +47,22 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from types import SimpleNamespace
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from _harness.efficacy_plan import REGIMES, experience_weights, make_plan, tuning_units
-from _harness.efficacy_units import load_data, run_unit
+from cl_streamkl.experiment.study.plan import experience_weights, load_plan, tuning_units
+from cl_streamkl.experiment.study.units import load_data, run_unit
+
+STUDIES = Path(__file__).resolve().parent / "studies"
+# The study plans whose units this measures, by regime (benchmarks/studies/efficacy-<regime>.yaml).
+REGIMES = ("short", "long", "long4097")
+
+
+def study_plan(regime: str) -> dict[str, Any]:
+    """The project's study plan of ``regime``."""
+    return load_plan(STUDIES / f"efficacy-{regime}.yaml")
 from _harness.measure import gpu_kernel_times_us, sync
 from _harness.options import add_run_flags, checked_device
 from _harness.report import describe_environment, table_header, write_json
@@ -83,14 +93,13 @@ def _model(settings: dict[str, Any], device: torch.device) -> torch.nn.Module:
 def _plugin(penalty: str) -> Any:
     """The study's distillation plugin for ``penalty`` (see :data:`PENALTIES`); for ``none``
     Avalanche's base plugin, whose hooks do nothing."""
-    from _harness.efficacy_plan import PAD_VARIANT
     from avalanche.core import SupervisedPlugin
 
     from cl_streamkl.strategies import PADPlugin, StreamKLPlugin
 
     if penalty == "none":
         return SupervisedPlugin()
-    return StreamKLPlugin(alpha=1.0) if penalty == "streamkl" else PADPlugin(alpha=1.0, variant=PAD_VARIANT)
+    return StreamKLPlugin(alpha=1.0) if penalty == "streamkl" else PADPlugin(alpha=1.0, variant=study_plan("long")["pad_variant"])
 
 
 def _training_step(settings: dict[str, Any], variant: str, device: torch.device,
@@ -187,8 +196,8 @@ def concurrent_steps(settings: dict[str, Any], variant: str, processes: int, ste
 def _one_unit(index: int, regime: str, settings: dict[str, Any], epochs: int, device: str,
               variant: str) -> dict[str, Any]:
     torch.set_num_threads(1)
-    REGIMES[regime] = settings  # this process's copy of the plan's regimes: the parent's settings
-    plan = make_plan(regime, [100, 101], [200, 201], epochs=epochs)
+    # The 1025-token plan's task tuning units, with the parent's settings and epochs.
+    plan = {**study_plan("long"), "settings": {**settings, "epochs": epochs}}
     units = tuning_units(plan, "task")
     unit = units[(8 * index) % len(units)]  # LwF, EWC, PAD, StreamKL in turn
     load_data(unit, plan)
@@ -244,7 +253,7 @@ def _row(run: dict[str, Any]) -> list[Any]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--regime", choices=tuple(REGIMES), default="long")
+    parser.add_argument("--regime", choices=REGIMES, default="long")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--steps", type=int, default=40,
                         help="timed steps per variant and per process (default: %(default)s)")
@@ -269,7 +278,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    settings = {**REGIMES["short"], **TINY} if args.tiny else dict(REGIMES[args.regime])
+    settings = {**study_plan("short")["settings"], **TINY} if args.tiny else dict(study_plan(args.regime)["settings"])
     environment = describe_environment(args.device, args.commit)
     # As in the study: many processes compile at once, one compile process each.
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from _harness.efficacy_plan import tokens as token_count
+from cl_streamkl.experiment.study.plan import tokens as token_count
 from _harness.measure import relative_error
 from _harness.report import (add_json_flag, describe_environment, environment_line, run_settings, table_header,
                              write_json)

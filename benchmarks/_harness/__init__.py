@@ -11,5 +11,6 @@ never from one another.
   :mod:`_harness.penalty_check` and :mod:`_harness.batch_search`: the end-to-end benchmark's
   penalty check and largest-batch search.
 * :mod:`_harness.distributed`: the process group of a run under torchrun.
-* :mod:`_harness.efficacy_tables`: the efficacy study's Markdown tables.
+* :mod:`_harness.efficacy_tables`: the project study's own Markdown views (the generic tables live in
+  :mod:`cl_streamkl.experiment.study.tables`).
 """

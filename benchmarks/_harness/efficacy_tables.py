@@ -1,151 +1,16 @@
-"""The efficacy study's Markdown tables, from the reports ``benchmarks/efficacy.py --json`` writes.
-
-One report per regime (``benchmarks/results/efficacy-short.json``, ``-long.json``,
-``-long4097.json``); the tables put the regimes side by side per scenario. Cells are
-percent, mean ± sample std over the test seeds; paired differences are percentage points
-with the raw 95 % t-interval and the Holm-adjusted p-value, bold where that p-value is
-below 0.05. A report whose study has not finished shows what it holds and how many units
-are done.
+"""The project's efficacy study's own Markdown views, beside the generic tables of
+:mod:`cl_streamkl.experiment.study.tables`: naive's learning accuracy, each distilling unit's
+penalty, the conclusion and the goal lines, over the reports of ``benchmarks/studies/`` (one
+per regime: ``benchmarks/results/efficacy-short.json``, ``-long.json``, ``-long4097.json``).
 """
 
 from __future__ import annotations
 
 import statistics
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from _harness import efficacy_plan
-
-SCENARIOS = ("class", "task", "domain")
-TITLES = {"stream_accuracy": "stream acc", "mean_experience_accuracy": "mean exp. acc", "forgetting": "forgetting",
-          "learning_accuracy": "learning acc", "task_il_accuracy": "Task-IL acc"}
-PAIRED_COLUMNS = ("mean_experience_accuracy", "stream_accuracy", "forgetting")
-HOLM_LEVEL = 0.05
-
-
-def _part(report: dict[str, Any], scenario: str) -> dict[str, Any]:
-    """A report's scenario, or an empty one where its plan leaves the scenario out."""
-    return report["scenarios"].get(scenario, {"tuning": {}, "chosen": None, "chosen_from": None, "runs": [],
-                                              "table": {}, "paired": []})
-
-
-def status(report: dict[str, Any]) -> str:
-    """``1025 tokens: tune 40/104 units, test 0/240 units (plan 0123abcd...)``."""
-    units = ", ".join(f"{part} {done}/{total} units" for part, (done, total) in report["units"].items())
-    return f"{report['settings']['tokens']} tokens: {units} (plan `{report['plan_fingerprint']}`)"
-
-
-def _part_order(item: tuple[str, int]) -> bool:
-    """Tuning before test, whatever order the units finished in."""
-    return item[0].startswith("test")
-
-
-def executions(report: dict[str, Any]) -> str:
-    """Which commits ran the report's finished units, and how: ``commit `52b3055` (70 tune eager)``.
-
-    A study resumed over several days and machines mixes commits and compile settings; each
-    unit's record names its own, and the line under a table counts them so that a reader sees
-    which paired comparisons ran under which (the study switches settings only between parts).
-    Records written before units named their commit count as ``commit not recorded``.
-    """
-    runs: dict[str | None, Counter[str]] = {}
-    for record in report.get("records", {}).values():
-        execution = record.get("execution") or {}
-        mode = ("compile-model" if execution.get("compile_model") else
-                "compile-layers" if execution.get("compile_layers") else "eager")
-        runs.setdefault(execution.get("commit"), Counter())[f"{record['unit']['part']} {mode}"] += 1
-    return ", ".join(
-        f"{'commit not recorded' if commit is None else f'commit `{commit}`'} ("
-        + ", ".join(f"{count} {what}" for what, count in sorted(counts.items(), key=_part_order)) + ")"
-        for commit, counts in runs.items())
-
-
-def _setting(setting: dict[str, Any]) -> str:
-    return ", ".join(f"{key} {value:g}" if isinstance(value, float) else f"{key} {value}"
-                     for key, value in setting.items())
-
-
-def chosen_settings(reports: Sequence[dict[str, Any]], scenario: str) -> str:
-    """Each regime's settings chosen on validation: ``17 tokens: lwf (lwf_alpha 4, ...); ...``."""
-    parts = []
-    for report in reports:
-        chosen = _part(report, scenario)["chosen"]
-        text = ("not planned" if scenario not in report["scenarios"] else "tuning not finished" if chosen is None else
-                "; ".join(f"{family} ({_setting(setting)})" for family, setting in chosen.items()))
-        parts.append(f"{report['settings']['tokens']} tokens: {text}")
-    return ". ".join(parts)
-
-
-def _metrics(scenario: str) -> list[str]:
-    return [*TITLES][:4] + (["task_il_accuracy"] if scenario == "class" else [])
-
-
-def strategy_table(reports: Sequence[dict[str, Any]], scenario: str, metrics: Sequence[str] | None = None
-                   ) -> list[str]:
-    """Mean ± std per strategy and regime (``–`` where a regime has no runs of it)."""
-    metrics = list(metrics or _metrics(scenario))
-    tables = [_part(report, scenario)["table"] for report in reports]
-    if not any(tables):
-        return ["No test runs yet: " + "; ".join(status(report) for report in reports) + "."]
-    header = [f"{TITLES[m]}, {r['settings']['tokens']} tok." for r in reports for m in metrics]
-    lines = ["| strategy | " + " | ".join(header) + " |", "|---|" + "---:|" * len(header)]
-    for label in dict.fromkeys(label for table in tables for label in table):
-        cells = []
-        for table in tables:
-            row = table.get(label, {})
-            cells += [f"{row[m][0]:.1f} ± {row[m][1]:.1f}" if m in row else "–" for m in metrics]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def _difference(entry: dict[str, Any] | None) -> str:
-    if entry is None:
-        return "–"
-    low, high = entry["ci95"]
-    text = f"{entry['mean_diff']:+.1f}" + ("" if low is None else f" [{low:+.1f}, {high:+.1f}]")
-    if entry["p_holm"] is None:
-        return text
-    text += f" p {entry['p_holm']:.2g}"
-    return f"**{text}**" if entry["p_holm"] < HOLM_LEVEL else text
-
-
-def paired_table(reports: Sequence[dict[str, Any]], scenario: str, metrics: Sequence[str] = PAIRED_COLUMNS
-                 ) -> list[str]:
-    """Paired differences (with − without) per regime: mean [raw 95 % CI] and Holm-adjusted p."""
-    parts = [_part(report, scenario)["paired"] for report in reports]
-    if not any(parts):
-        return ["No paired differences yet."]
-    header = [f"{TITLES[m]}, {r['settings']['tokens']} tok." for r in reports for m in metrics]
-    lines = ["| paired difference (pp, 95 % CI, Holm p) | " + " | ".join(header) + " |",
-             "|---|" + "---:|" * len(header)]
-    for strategy, baseline in dict.fromkeys((e["strategy"], e["baseline"]) for part in parts for e in part):
-        cells = []
-        for part in parts:
-            entries = {e["metric"]: e for e in part if (e["strategy"], e["baseline"]) == (strategy, baseline)}
-            cells += [_difference(entries.get(m)) for m in metrics]
-        lines.append(f"| {strategy} − {baseline} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def tuning_table(report: dict[str, Any], scenario: str) -> list[str]:
-    """Every validation setting of every method: per-seed and mean validation accuracy, the choice in bold."""
-    seeds = report["plan"]["val_seeds"]
-    part = _part(report, scenario)
-    if part["chosen_from"] is not None or scenario not in report["scenarios"]:
-        return [] if part["chosen_from"] is None else [
-            f"{report['settings']['tokens']} tokens: settings taken from plan `{part['chosen_from']}`, not tuned."]
-    lines = [f"| method ({report['settings']['tokens']} tokens) | setting | "
-             + " | ".join(f"seed {s}" for s in seeds) + " | mean |", "|---|---|" + "---:|" * (len(seeds) + 1)]
-    for family, table in part["tuning"].items():
-        for row in table["rows"]:
-            values = [row["per_seed"][str(s)] for s in seeds] + [row["mean"]]
-            cells = ["–" if v is None else f"{v:.1f}" for v in values]
-            setting = _setting(row["setting"])
-            if row["setting"] == table["chosen"]:
-                setting = f"**{setting}**"
-            lines.append(f"| {family} | {setting} | " + " | ".join(cells) + " |")
-    return lines
+from cl_streamkl.experiment.study.tables import HOLM_LEVEL, SCENARIOS, TITLES, part_of, status, strategy_table
 
 
 def learning_table(reports: Sequence[dict[str, Any]], strategy: str = "naive") -> list[str]:
@@ -160,7 +25,7 @@ def learning_table(reports: Sequence[dict[str, Any]], strategy: str = "naive") -
     for scenario in SCENARIOS:
         for report in reports:
             diagonals = [[run["accuracy_matrix"][i][i] for i in range(len(run["accuracy_matrix"]))]
-                         for run in _part(report, scenario)["runs"] if run["label"] == strategy]
+                         for run in part_of(report, scenario)["runs"] if run["label"] == strategy]
             if diagonals:
                 rows.append((scenario, report["settings"]["tokens"], diagonals))
     if not rows:
@@ -217,12 +82,12 @@ def conclusion(reports: Sequence[dict[str, Any]]) -> list[str]:
         for report in reports:
             done, total = report["units"]["test"]
             interim = f", interim: {done}/{total} test units" if done < total else ""
-            for entry in _part(report, scenario)["paired"]:
+            for entry in part_of(report, scenario)["paired"]:
                 holm = entry["p_holm"]
                 if "streamkl" in entry["strategy"] and holm is not None and holm < HOLM_LEVEL:
                     found.append(f"{entry['strategy']} − {entry['baseline']} {TITLES[entry['metric']]} "
                                  f"{entry['mean_diff']:+.1f} pp (p {holm:.2g}, {report['settings']['tokens']} tok.{interim})")
-        runs = any(_part(report, scenario)["runs"] for report in reports)
+        runs = any(part_of(report, scenario)["runs"] for report in reports)
         text = ("not run yet" if not runs else
                 "; ".join(found) if found else "no StreamKL difference survives Holm's correction")
         lines.append(f"- {scenario}-incremental: {text}.")
@@ -235,6 +100,7 @@ def conclusion(reports: Sequence[dict[str, Any]]) -> list[str]:
 # at 4097 tokens those gains hold in the scenarios run there. Seeds: at least GOAL_SEEDS.
 GOAL_SCENARIOS = 2
 GOAL_SEEDS = {"long": 8, "long4097": 5}
+GOAL_TOKENS = {"long": 1025, "long4097": 4097}  # the plans of benchmarks/studies/
 GOAL_METRICS = {"stream_accuracy": 1.0, "forgetting": -1.0}  # the sign of a StreamKL gain
 GOAL_BASES = ("naive", "lwf", "replay")  # StreamKL alone, added to LwF, added to replay
 GOAL = ("Against the study's goal (at 1025 tokens StreamKL alone, added to LwF or added to replay beats the same "
@@ -291,7 +157,7 @@ def decisive_scenarios(report: dict[str, Any]) -> list[str]:
                          "p-values are not final")
     chosen = [scenario for scenario in SCENARIOS
               if any((entry["strategy"], entry["baseline"]) in DECISIVE and _significant(entry, report["regime"], 1)
-                     for entry in _part(report, scenario)["paired"])]
+                     for entry in part_of(report, scenario)["paired"])]
     return chosen or [FALLBACK_SCENARIO]
 
 
@@ -312,7 +178,7 @@ def _pair_numbers(entries: list[dict[str, Any]]) -> str:
 def _both_metrics(entry: dict[str, Any], report: dict[str, Any], scenario: str) -> list[dict[str, Any]]:
     """``entry`` and its pair's entries in the other goal metrics, in :data:`GOAL_METRICS`' order."""
     pair = (entry["strategy"], entry["baseline"])
-    same = {e["metric"]: e for e in _part(report, scenario)["paired"] if (e["strategy"], e["baseline"]) == pair}
+    same = {e["metric"]: e for e in part_of(report, scenario)["paired"] if (e["strategy"], e["baseline"]) == pair}
     return [same[metric] for metric in GOAL_METRICS if metric in same]
 
 
@@ -373,14 +239,14 @@ def goal(reports: Sequence[dict[str, Any]]) -> list[str]:
     lines = []
     gains: dict[str, dict[str, list[dict[str, Any]]]] = {}
     for regime in GOAL_SEEDS:
-        tokens = efficacy_plan.tokens(efficacy_plan.REGIMES[regime])
+        tokens = GOAL_TOKENS[regime]
         report = by_regime.get(regime)
         done, total = (0, 0) if report is None else report["units"]["test"]
         if not done:
             lines.append(f"- {tokens} tokens: not run yet.")
             continue
         interim = f" (interim: {done}/{total} test units)" if done < total else ""
-        paired = [(scenario, entry) for scenario in SCENARIOS for entry in _part(report, scenario)["paired"]]
+        paired = [(scenario, entry) for scenario in SCENARIOS for entry in part_of(report, scenario)["paired"]]
         found, nearest = _gains([(scenario, entry) for scenario, entry in paired if _goal_comparison(entry)], regime)
         worse = [(scenario, entry) for scenario, entry in paired
                  if entry["baseline"] == _pad_in_place(entry["strategy"]) and _significant(entry, regime, -1)]
@@ -398,7 +264,7 @@ def goal(reports: Sequence[dict[str, Any]]) -> list[str]:
             need = f"{len(found)} of the {GOAL_SCENARIOS} scenarios needed, {verdict}"
         else:
             # Only the comparisons this regime makes: its plan runs a few strategies (no replay).
-            tested = _comparisons({scenario: _part(report, scenario)["paired"] for scenario in SCENARIOS})
+            tested = _comparisons({scenario: part_of(report, scenario)["paired"] for scenario in SCENARIOS})
             wanted = tested & _comparisons(gains.get("long", {}))
             held = _comparisons(found)
             need = (f"{len(wanted & held)} of the {len(wanted)} gains seen at 1025 tokens that it tests hold" if wanted
@@ -428,7 +294,7 @@ def goal_family(reports: Sequence[dict[str, Any]]) -> list[str]:
     report = next((report for report in reports if report["regime"] == "long"), None)
     if report is None or report["units"]["test"][0] < report["units"]["test"][1]:
         return []
-    family = [(scenario, entry) for scenario in SCENARIOS for entry in _part(report, scenario)["paired"]
+    family = [(scenario, entry) for scenario in SCENARIOS for entry in part_of(report, scenario)["paired"]
               if _goal_comparison(entry) and entry["metric"] in GOAL_METRICS and entry.get("p_value") is not None]
     adjusted = holm_adjust([entry["p_value"] for _, entry in family])
     found, nearest = _gains([(scenario, {**entry, "p_holm": p}) for (scenario, entry), p in zip(family, adjusted)],
@@ -457,17 +323,3 @@ def summary(reports: Sequence[dict[str, Any]]) -> list[str]:
         lines += [f"**{scenario}-incremental**", "",
                   *strategy_table(reports, scenario, ("stream_accuracy", "forgetting")), ""]
     return lines + conclusion(reports) + ["", GOAL, "", *goal(reports), *goal_family(reports)]
-
-
-def side_by_side(reports: Sequence[dict[str, Any]]) -> str:
-    """Per scenario: settings chosen, the strategy table, the paired table, each report's tuning table."""
-    lines = ["Status: " + "; ".join(status(report) for report in reports) + ".", ""]
-    for scenario in SCENARIOS:
-        if not any(scenario in report["scenarios"] for report in reports):
-            continue
-        lines += [f"**{scenario}-incremental** (chosen on validation: {chosen_settings(reports, scenario)})", ""]
-        lines += strategy_table(reports, scenario) + [""] + paired_table(reports, scenario) + [""]
-        for report in reports:
-            tuning = tuning_table(report, scenario)
-            lines += tuning + [""] if tuning else []
-    return "\n".join(lines)

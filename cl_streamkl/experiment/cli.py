@@ -163,6 +163,7 @@ def _parsers(defaults: ExperimentConfig | None) -> tuple[argparse.ArgumentParser
                     "results.json, CSV files, summary.md, plots and checkpoints to --out. Every check that "
                     "needs no training runs before anything is written.",
         epilog=_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands.add_parser("study", help="tune, test and report a study that a plan file describes (see study --help)")
     d = ExperimentConfig() if defaults is None else defaults
     hints = typing.get_type_hints(ExperimentConfig)
     groups: dict[str, argparse._ArgumentGroup] = {}
@@ -398,6 +399,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     quiet_third_party_warnings()
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["study"]:  # its own options: a plan file, not one run's settings
+        from cl_streamkl.experiment.study.command import main as study
+
+        return study(argv[1:])
     try:
         base = _file_defaults(argv)
         args = build_parser(base).parse_args(argv)

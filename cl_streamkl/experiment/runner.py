@@ -221,6 +221,32 @@ class _Run:
         set_rng_state(rank_rng[self.data_parallel.rank] if same_world else state["rng"])
         return result, int(state["experiences_done"])
 
+    def adopt_first_experience(self, state: dict[str, Any], result: RunResult, ckpt: Path) -> RunResult:
+        """Start from a first experience trained once for every strategy of a seed (``state``:
+        its verified checkpoint), then run this strategy's end-of-experience work on that model.
+
+        The shared model and random numbers are loaded, and the template goes through the first
+        experience with no epoch: the plugins' callbacks run as after training (LwF and StreamKL
+        keep the model as their teacher, EWC computes its importances, replay fills its buffer),
+        on the same weights in every strategy. The first row of the accuracy matrix is the shared
+        run's. The checkpoint written after it makes the run resumable from here.
+        """
+        self.model.load_state_dict(state["model"])
+        set_rng_state(state["rng"])
+        epochs = self.template.train_epochs
+        self.template.train_epochs = 0
+        try:
+            self.template.train(self.train_experiences[0], eval_streams=[], reset_optimizer_state=True)
+        finally:
+            self.template.train_epochs = epochs
+        shared = RunResult(**state["result"])
+        result.accuracy_matrix = shared.accuracy_matrix[:1]
+        result.task_il_matrix = shared.task_il_matrix[:1]
+        result.wall_time_s, result.peak_memory_mb = shared.wall_time_s, shared.peak_memory_mb
+        if self.data_parallel.is_main:
+            save_checkpoint(ckpt, self.state(result, 1, None), self.identity)
+        return result
+
     def _report_to_loggers(self) -> None:
         """Avalanche's evaluation of every experience, for the loggers; the run's random numbers are untouched."""
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
@@ -303,6 +329,7 @@ def run_experiment(
     loggers: Sequence[str] = (),
     data_parallel: DataParallel | None = None,
     after_experience: AfterExperience | None = None,
+    first_experience: dict[str, Any] | None = None,
 ) -> list[RunResult]:
     """Train every strategy on every seed of a continual stream (``config.scenario``).
 
@@ -336,6 +363,9 @@ def run_experiment(
         after_experience: called after each trained experience's checkpoint is written, with
             (experiences of this run trained so far, experiences it trains); an exception it
             raises ends the run there, resumable from that checkpoint.
+        first_experience: the verified checkpoint of a first experience trained once, from
+            which a run with no checkpoint of its own starts (see
+            :meth:`_Run.adopt_first_experience`); one seed and one process only.
 
     Returns:
         One :class:`RunResult` per (seed, strategy), seeds outermost.
@@ -346,6 +376,9 @@ def run_experiment(
         OutputWriteError: a checkpoint cannot be written (the previous one is kept).
     """
     out_dir = Path(out_dir)
+    if first_experience is not None and (len(config.seeds) != 1 or data_parallel is not None
+                                         or JOINT in config.strategies):
+        raise ValueError("a shared first experience starts runs of one seed in one process, not joint training")
     if data_parallel is None:
         data_parallel = DataParallel(device=resolve_device(config.device))
     if splits is None:
@@ -368,6 +401,8 @@ def run_experiment(
                 first = 0
                 if (strategy, seed) in finished:
                     result, first = run.restore(load_checkpoint(ckpt, run.identity))
+                elif first_experience is not None:
+                    result, first = run.adopt_first_experience(first_experience, result, ckpt), 1
                 results.append(run.train(result, first, ckpt, eval_sets, log, warn, after_experience))
             finally:
                 close_loggers(run_loggers)

@@ -1,9 +1,11 @@
-"""Running the efficacy study's units: one unit in a worker process, a pool of them under a deadline.
+"""Running a study's units: one unit in a worker process, a pool of them under a deadline.
 
-A unit (:class:`~_harness.efficacy_plan.Unit`) trains through the experiment runner into
-``root/runs/<name>`` and, when finished, writes its record to ``root/units/<name>.json``
-(atomically) and drops its checkpoints. A deadline ends a start cleanly: see
-:data:`_seconds_per_weight`.
+A unit (:class:`~cl_streamkl.experiment.study.plan.Unit`) trains through the experiment runner
+into ``root/runs/<name>`` and, when finished, writes its record to ``root/units/<name>.json``
+(atomically) and drops its checkpoints. A ``first`` unit (plans with a shared first experience)
+trains one seed's first experience and keeps its checkpoint as ``root/first/<name>.pt``, which
+every test unit of that seed starts from. A deadline ends a start cleanly: see
+:data:`~cl_streamkl.experiment.study.rates._seconds_per_weight`.
 """
 
 from __future__ import annotations
@@ -19,30 +21,18 @@ import shutil
 import sys
 import time
 import traceback
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from _harness.efficacy_plan import Unit, experience_weights
 from cl_streamkl.experiment.config import ExperimentConfig
 from cl_streamkl.experiment.files import write_atomically
+from cl_streamkl.experiment.study.plan import Unit, experience_weights, first_unit, shares_first_experience
 
-# Seconds per unit of experience weight (:func:`experience_weights`: one pass over all
-# classes' data) this worker has measured at most per rate key (:func:`rate_key`: a unit's
-# first experience, or its later ones, per kind of unit) in its own experiences; a unit starting
-# also reads the finished units' rates from disk (:func:`known_rates`), so a worker knows what
-# the others finished since the start began. A running unit stops after an experience when the
-# next would pass the deadline, so a time-limited start ends between experiences, every one of
-# them checkpointed. Per kind, because kinds differ two-fold (a domain StreamKL unit against a
-# task LwF one): one rate for all would let a start's last minutes, which fit a cheap unit, go
-# unused. First experiences apart, because they have no earlier model: no teacher, no penalty,
-# no replayed images; at 1025 tokens an LwF unit's first experience took as long as naive's per
-# image and its later ones seven times naive's later ones (medians; its teacher forwards run in
-# float32). A key not measured yet is judged by a guess (:func:`estimate`) that its first
-# measured experience replaces.
-_seconds_per_weight: dict[tuple[str, str, str], float] = {}
-# The strategy part of the rate key of every unit's first experience.
-FIRST = "first experience"
+from cl_streamkl.experiment.study.rates import (
+    _progress_path, _seconds_per_weight, _trained, estimate, known_rates, rate_key,
+)
+
 _splits_cache: dict[str, Any] = {}
 
 
@@ -50,9 +40,41 @@ class _OutOfTime(Exception):
     """Raised after a checkpointed experience when the next one would pass the deadline."""
 
 
-def _progress_path(root: str, unit: Unit) -> Path:
-    """How many experiences an unfinished unit has checkpointed, beside its run folder (archived with it)."""
-    return Path(root) / "runs" / f"{unit.name}.trained"
+class _FirstDone(Exception):
+    """Raised after a ``first`` unit's experience: the shared first experience is trained."""
+
+
+def first_path(root: str, unit: Unit) -> Path:
+    """Where a ``first`` unit keeps the checkpoint its seed's test units start from."""
+    return Path(root) / "first" / f"{unit.name}.pt"
+
+
+def _unit_config(unit: Unit, plan: dict[str, Any], device: str, out: Path,
+                 execution: dict[str, Any]) -> ExperimentConfig:
+    return ExperimentConfig.from_dict({**unit.config_fields(plan), "device": device, "out": str(out),
+                                       "compile_layers": bool(execution.get("compile_layers")),
+                                       "compile_model": bool(execution.get("compile_model"))}).resolved()
+
+
+def shared_first_experience(unit: Unit, plan: dict[str, Any], device: str, root: str,
+                            execution: dict[str, Any]) -> dict[str, Any] | None:
+    """The verified checkpoint a test unit of a plan with a shared first experience starts
+    from; None where the plan trains first experiences per unit.
+
+    Raises:
+        FileNotFoundError: the seed's ``first`` unit has not finished.
+        CheckpointError: its checkpoint is damaged or of another configuration.
+    """
+    if unit.part != "test" or not shares_first_experience(plan):
+        return None
+    from cl_streamkl.experiment.checkpoint import RunIdentity, load_checkpoint
+
+    first = first_unit(unit)
+    path = first_path(root, first)
+    if not path.is_file():
+        raise FileNotFoundError(f"unit {unit.name} starts from {first.name}, which has not finished")
+    config = _unit_config(first, plan, device, path.parent, execution)
+    return load_checkpoint(path, RunIdentity(first.strategy, first.seed, config.fingerprint_json()))
 
 
 def _begun_path(root: str, unit: Unit) -> Path:
@@ -81,12 +103,6 @@ def _claim(root: str, unit: Unit, cap: int, finishes: bool) -> bool:
             return False
         marker.touch()
     return True
-
-
-def _trained(root: str, unit: Unit) -> int:
-    """How many experiences ``unit`` has checkpointed under ``root`` (0: none, or its run folder is gone)."""
-    progress = _progress_path(root, unit)
-    return int(progress.read_text()) if (Path(root) / "runs" / unit.name).exists() and progress.is_file() else 0
 
 
 def may_start(left: Sequence[float], deadline: float, resumable: bool) -> bool:
@@ -162,22 +178,25 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
     keys = [rate_key(unit, index) for index in range(len(weights))]
     out, progress = Path(root) / "runs" / unit.name, _progress_path(root, unit)
     trained = _trained(root, unit)
+    done_before = max(trained, _shared_experiences(unit, plan))
     rates = known_rates(root, plan)
     guessed = {key for key in keys if key not in rates}  # until this unit measures them
-    left = [estimate(key, rates, reference) * weight for key, weight in zip(keys[trained:], weights[trained:])]
+    left = [estimate(key, rates, reference) * weight
+            for key, weight in zip(keys[done_before:], weights[done_before:])]
     if deadline is not None and not may_start(left, deadline, start_seconds is not None):
         if start_seconds is not None and left[0] > start_seconds:
-            basis = " (guessed: no unit has measured it)" if keys[trained] in guessed else ""
-            print(f"efficacy.py: unit {unit.name}: its next experience needs about {left[0]:.0f} s"
+            basis = " (guessed: no unit has measured it)" if keys[done_before] in guessed else ""
+            print(f"cl-streamkl study: unit {unit.name}: its next experience needs about {left[0]:.0f} s"
                   f"{basis}, more than a whole start ({start_seconds:.0f} s); it cannot run under this --time-limit",
                   file=sys.stderr, flush=True)
         return None
     if (max_unfinished is not None and deadline is not None and start_seconds is not None and not trained
             and not _claim(root, unit, max_unfinished, time.time() + sum(left) <= deadline)):
         return None
-    config = ExperimentConfig.from_dict({**unit.config_fields(plan), "device": device, "out": str(out),
-                                         "compile_layers": bool(execution.get("compile_layers")),
-                                         "compile_model": bool(execution.get("compile_model"))}).resolved()
+    config = _unit_config(unit, plan, device, out, execution)
+    # A test unit of a plan with a shared first experience starts from its seed's (if it has
+    # no checkpoint of its own yet); its first experience is then not trained here.
+    shared = None if trained else shared_first_experience(unit, plan, device, root, execution)
     splits = load_data(unit, plan, config)
     start = last = time.perf_counter()
     seconds: list[list[float]] = []  # [experience number, seconds] of those trained in this start
@@ -185,7 +204,7 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
     def after_experience(trained: int, count: int) -> None:
         nonlocal last
         now = time.perf_counter()
-        if count == len(weights):
+        if unit.part == "first" or count == len(weights):
             done, key = weights[trained - 1], keys[trained - 1]
             # Atomically: --hard-limit may stop this process at any moment.
             write_atomically(progress, lambda handle: handle.write(f"{trained}\n".encode()))
@@ -196,15 +215,19 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
         rates[key] = measured if key in guessed else max(rates[key], measured)
         guessed.discard(key)
         _seconds_per_weight[key] = max(_seconds_per_weight.get(key, 0.0), measured)
+        if unit.part == "first":
+            raise _FirstDone
         if (deadline is not None and trained < count
                 and time.time() + estimate(keys[trained], rates, reference) * weights[trained] > deadline):
             raise _OutOfTime
 
     try:
         result = run_experiment(config, out, resume=out.exists(), show_progress=False, splits=splits,
-                                after_experience=after_experience)[0]
+                                after_experience=after_experience, first_experience=shared)[0]
     except _OutOfTime:
         return None
+    except _FirstDone:
+        result = _keep_first_experience(unit, config, out, root)
     payload = {"unit": dataclasses.asdict(unit), **result.to_dict(), "process_s": time.perf_counter() - start,
                "experience_s": seconds, "execution": _with_check(execution)}
     # Atomically: a start killed at its time limit leaves no half-written record.
@@ -213,6 +236,23 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
     progress.unlink(missing_ok=True)
     _begun_path(root, unit).unlink(missing_ok=True)
     return payload
+
+
+def _shared_experiences(unit: Unit, plan: dict[str, Any]) -> int:
+    """Experiences of ``unit`` another unit trains (a shared first experience): 1 or 0."""
+    return int(unit.part == "test" and shares_first_experience(plan))
+
+
+def _keep_first_experience(unit: Unit, config: ExperimentConfig, out: Path, root: str) -> Any:
+    """Move a ``first`` unit's checkpoint to :func:`first_path`; its result so far."""
+    from cl_streamkl.experiment.checkpoint import RunIdentity, load_checkpoint
+    from cl_streamkl.experiment.runner import RunResult, checkpoint_path
+
+    source, target = checkpoint_path(out, unit.strategy, unit.seed), first_path(root, unit)
+    state = load_checkpoint(source, RunIdentity(unit.strategy, unit.seed, config.fingerprint_json()))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(source, target)
+    return RunResult(**state["result"])
 
 
 def _with_check(execution: dict[str, Any]) -> dict[str, Any]:
@@ -237,117 +277,6 @@ class InProcess(concurrent.futures.Executor):
         return future
 
 
-def finished_records(root: Path) -> dict[str, dict[str, Any]]:
-    """Every finished unit's record under ``root/units``, by unit name."""
-    return {path.stem: json.loads(path.read_text()) for path in sorted((root / "units").glob("*.json"))}
-
-
-def unit_kind(unit: Unit) -> tuple[str, str, str]:
-    """What a unit's cost depends on besides its data: (scenario, replay arm, strategy)."""
-    return unit.scenario, unit.arm, unit.strategy
-
-
-def rate_key(unit: Unit, index: int) -> tuple[str, str, str]:
-    """What experience ``index`` (from 0) of ``unit`` costs like: its :func:`unit_kind` after the
-    first; the first, with no earlier model, like every first experience of its scenario and arm."""
-    return (unit.scenario, unit.arm, FIRST) if index == 0 else unit_kind(unit)
-
-
-def seconds_per_weight_of(records: Iterable[dict[str, Any]], plan: dict[str, Any]) -> dict[tuple[str, str, str], float]:
-    """Per :func:`rate_key`, the most seconds per unit of experience weight a finished unit of ``plan`` took.
-
-    From each record's experience times (``experience_s``: those of the start that finished it,
-    the first one compiling); a record without them counts its whole time at one rate for all
-    its experiences.
-    """
-    rates: dict[tuple[str, str, str], float] = {}
-    for record in records:
-        unit = Unit.from_record(record["unit"])
-        if unit.scenario not in plan["scenarios"]:
-            continue
-        weights = experience_weights(unit, plan)
-        timed = record.get("experience_s") or [[number + 1, record["wall_time_s"] * weight / sum(weights)]
-                                               for number, weight in enumerate(weights)]
-        spent: dict[tuple[str, str, str], list[float]] = {}
-        for number, seconds in timed:
-            totals = spent.setdefault(rate_key(unit, number - 1), [0.0, 0.0])
-            totals[0], totals[1] = totals[0] + seconds, totals[1] + weights[number - 1]
-        for key, (seconds, weight) in spent.items():
-            rates[key] = max(seconds / weight, rates.get(key, 0.0))
-    return rates
-
-
-def known_rates(root: str, plan: dict[str, Any]) -> dict[tuple[str, str, str], float]:
-    """Per :func:`rate_key`, the most seconds per weight that a finished unit under ``root``
-    took or that this worker measured in one experience."""
-    rates = seconds_per_weight_of(finished_records(Path(root)).values(), plan)
-    for key, rate in _seconds_per_weight.items():
-        rates[key] = max(rate, rates.get(key, 0.0))
-    return rates
-
-
-def reference_rates(report: dict[str, Any] | None) -> dict[tuple[str, str, str], float]:
-    """:func:`seconds_per_weight_of` the test part of another regime's report (how the costly
-    regimes' units run); empty without one, or without records."""
-    if report is None or "plan" not in report:
-        return {}
-    return seconds_per_weight_of([record for record in report.get("records", {}).values()
-                                  if record["unit"]["part"] == "test"], report["plan"])
-
-
-def estimate(key: tuple[str, str, str], rates: dict[tuple[str, str, str], float],
-             reference: dict[tuple[str, str, str], float] | None = None) -> float:
-    """Seconds per weight of experiences of :func:`rate_key` ``key``: its rate; else a guess from
-    the keys of its scenario that have one, first experiences from first experiences if any
-    (kinds differ less within a scenario than across: at 1025 tokens a domain EWC unit took
-    twice a class one), else from any key (0 when nothing was measured).
-
-    Of those keys, the ones whose strategies share the most components with ``key``'s
-    (``lwf`` for ``lwf+pad``) serve, when any shares one. The guess scales each serving key's
-    rate by how much slower ``key`` was than it in ``reference`` (another regime's rates,
-    :func:`reference_rates`) and takes the largest; with no reference for the pair, the slowest
-    serving key's rate. Why the scaling: at 4097 tokens only the naive units had finished when
-    the teacher-bearing kinds began, and naive's rate guessed them at a fraction of what they
-    take. Why the nearest kinds: a ratio to naive carries every cost a kind shares with its
-    components, also one that changed between the regimes: LwF's penalty ran in float32 at 1025
-    tokens and in bf16 at 4097, where ``lwf`` took 2.4 times naive's time a weight, yet
-    ``lwf+pad`` was guessed from naive at 8 times (from ``lwf``, 1.03 times ``lwf``'s).
-    """
-    if key in rates:
-        return rates[key]
-    scenario = {other: rate for other, rate in rates.items() if other[0] == key[0]} or rates
-    alike = {other: rate for other, rate in scenario.items() if (other[2] == FIRST) == (key[2] == FIRST)} or scenario
-    shared = {other: len(_components(other) & _components(key)) for other in alike}
-    nearest = {other: rate for other, rate in alike.items() if shared[other] == max(shared.values())}
-    reference = reference or {}
-    return max((rate * reference[key] / reference[other] if reference.get(key) and reference.get(other) else rate
-                for other, rate in nearest.items()), default=0.0)
-
-
-def _components(key: tuple[str, str, str]) -> set[str]:
-    """The strategy components of a :func:`rate_key` (none for a first experience)."""
-    return set() if key[2] == FIRST else set(key[2].split("+"))
-
-
-def seconds_left(units: Iterable[Unit], plan: dict[str, Any], root: Path,
-                 reference: dict[tuple[str, str, str], float] | None = None) -> tuple[int, float | None]:
-    """How many of ``units`` are unfinished, and the seconds of one worker they still need at the
-    slowest rates finished units took, keys not measured yet guessed (:func:`estimate` with
-    ``reference``; checkpointed experiences count as done); None when no unit of ``plan`` has
-    finished, so there is no rate to go by."""
-    records = finished_records(root)
-    rates = seconds_per_weight_of(records.values(), plan)
-    left = [unit for unit in units if unit.name not in records]
-    if not rates:
-        return len(left), None
-    total = 0.0
-    for unit in left:
-        weights = experience_weights(unit, plan)
-        total += sum(estimate(rate_key(unit, index), rates, reference) * weights[index]
-                     for index in range(_trained(str(root), unit), len(weights)))
-    return len(left), total
-
-
 class Outcome(NamedTuple):
     """What a start did with its units."""
 
@@ -363,8 +292,9 @@ class Outcome(NamedTuple):
 
 
 def run_units(units: Sequence[Unit], pool: concurrent.futures.Executor, plan: dict[str, Any], args: argparse.Namespace,
-              deadline: float | None, hard_deadline: float | None = None) -> Outcome:
-    """Run ``units``; returns what became of them (:class:`Outcome`).
+              deadline: float | None, hard_deadline: float | None = None, part: str = "") -> Outcome:
+    """Run ``units``; returns what became of them (:class:`Outcome`), with a progress bar
+    (``part`` names it) on stderr.
 
     A unit that raises is reported on stderr and the others go on: one broken run must not
     cost a time-limited machine call every other unit's work (its checkpoints stay in the
@@ -384,31 +314,37 @@ def run_units(units: Sequence[Unit], pool: concurrent.futures.Executor, plan: di
     stopped = failed = 0
     done: set[Unit] = set()  # finished
     waiting = None if hard_deadline is None else max(0.0, hard_deadline - time.time())
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(units), desc=f"{part or 'units'}", unit="unit", file=sys.stderr, disable=not units)
     try:
         for future in concurrent.futures.as_completed(futures, timeout=waiting):
+            bar.update()
             unit = futures[future]
             try:
                 record = future.result()
             except Exception as err:
                 failed += 1
                 detail = "".join(traceback.format_exception(err)).rstrip()
-                print(f"efficacy.py: unit {unit.name} failed: {type(err).__name__}: {err}\n{detail}",
-                      file=sys.stderr, flush=True)
+                bar.write(f"cl-streamkl study: unit {unit.name} failed: {type(err).__name__}: {err}\n{detail}",
+                          file=sys.stderr)
                 continue
             if record is None:
                 stopped += 1
                 continue
             done.add(unit)
             last = record["accuracy_matrix"][-1]
-            print(f"[{len(done)}/{len(units)}] {unit.name}: mean experience accuracy "
-                  f"{100 * sum(last) / len(last):.1f} % ({record['process_s']:.0f} s)", flush=True)
+            bar.write(f"[{len(done)}/{len(units)}] {unit.name}: mean experience accuracy "
+                      f"{100 * sum(last) / len(last):.1f} % ({record['process_s']:.0f} s)")
     except concurrent.futures.TimeoutError:
         cut = sum(not future.done() for future in futures)
         pool.shutdown(wait=False, cancel_futures=True)
         _kill_workers()
         stopped += cut
-        print(f"efficacy.py: --hard-limit reached: {cut} units stopped or never started (those training lose "
+        print(f"cl-streamkl study: --hard-limit reached: {cut} units stopped or never started (those training lose "
               "the experience they were in and resume from their checkpoints)", file=sys.stderr, flush=True)
+    finally:
+        bar.close()
     experiences = sum((len(experience_weights(unit, plan)) if unit in done else _trained(str(args.out), unit))
                       - trained for unit, trained in before.items())
     return Outcome(len(done), stopped, failed, experiences)

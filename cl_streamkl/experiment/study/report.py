@@ -1,9 +1,10 @@
-"""The efficacy study's report: from the plan and the finished units to the JSON a reader can redo.
+"""A study's report: from the plan and the finished units to the JSON a reader can redo.
 
 The report holds the plan and its fingerprint, every tuning unit's validation score per
-seed, every test run's accuracy matrices and metrics, mean ± std per strategy, and the
-paired differences with their per-seed values, raw 95 % t-intervals, paired t-test
-p-values and Holm-adjusted p-values over the whole report.
+seed, every test run's accuracy matrices and metrics, mean ± std per strategy, the paired
+differences with their per-seed values, raw 95 % t-intervals, paired t-test p-values and
+Holm-adjusted p-values over the plan's family, and, for a confirmatory plan, a verdict per
+hypothesis (:mod:`~cl_streamkl.experiment.study.comparisons`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from _harness.efficacy_plan import SCENARIOS, Unit, choose, fingerprint, test_units, tuning_units
+from cl_streamkl.experiment.study.comparisons import in_family, listed, verdicts
+from cl_streamkl.experiment.study.plan import (
+    SCENARIOS, Unit, choose, fingerprint, first_units, test_units, tuning_units,
+)
 
 DEFINITIONS = {
     "mean_experience_accuracy": "after the last experience, the mean over the T experiences of the accuracy on each "
@@ -27,11 +31,13 @@ DEFINITIONS = {
     "records": "each finished unit's record as its worker wrote it, less the penalty after every training iteration "
                "(nine tenths of the bytes); mean_penalty is its mean over the run",
     "paired": "strategy minus baseline over the seeds both ran, in percentage points; ci95: Student-t interval, not "
-              "adjusted; p_value: two-sided paired t-test; p_holm: Holm-adjusted over every paired entry of the "
-              "report except learning_accuracy",
+              "adjusted; p_value: two-sided paired t-test; p_holm: Holm-adjusted over the plan's family (its "
+              "comparisons; without them every paired entry of the report except learning_accuracy)",
+    "earlier_final_accuracy": "after the last experience, the mean accuracy on the experiences before it",
+    "hypotheses": "per hypothesis of a confirmatory plan: paired differences (pp), Student-t interval, two-sided "
+                  "paired t-test, Holm over its role's family (primary or secondary); confirmed when p_holm < 0.05 "
+                  "and the mean difference lies in the claimed direction",
 }
-# Paired metrics outside Holm's family: a diagnostic (was there anything to forget?).
-OUTSIDE_FAMILY = ("learning_accuracy",)
 
 
 def _metrics(record: dict[str, Any]) -> dict[str, float | None]:
@@ -64,14 +70,17 @@ def _strategy_table(runs: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]
     return table
 
 
-def _paired(scenario: str, units: Sequence[Unit], records: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """Paired differences within each replay arm, labelled like the strategy table."""
+def _paired(plan: dict[str, Any], scenario: str, units: Sequence[Unit], records: dict[str, dict[str, Any]]
+            ) -> list[dict[str, Any]]:
+    """Paired differences within each replay arm (the plan's listed pairs), labelled like the strategy table."""
     from cl_streamkl.experiment.statistics import paired_comparisons
 
     entries = []
     for arm in dict.fromkeys(unit.arm for unit in units):
         results = [_run_result(records[u.name]) for u in units if u.arm == arm and u.name in records]
         for entry in paired_comparisons(results, scenario, scale=100.0):
+            if not listed(plan, scenario, arm, entry["strategy"], entry["baseline"]):
+                continue
             suffix = f" ({arm})" if arm else ""
             entries.append({**entry, "arm": arm, "strategy": entry["strategy"] + suffix,
                             "baseline": entry["baseline"] + suffix})
@@ -90,15 +99,24 @@ def tuning_scores(plan: dict[str, Any], records: dict[str, dict[str, Any]]) -> d
 
 
 def add_holm(report: dict[str, Any]) -> None:
-    """Set ``p_holm`` on every paired entry of the report (Holm over all but :data:`OUTSIDE_FAMILY`)."""
+    """Set ``p_holm`` on every paired entry of the report (Holm over the plan's family, see
+    :func:`~cl_streamkl.experiment.study.comparisons.in_family`)."""
     from cl_streamkl.experiment.statistics import holm_adjust
 
-    entries = [entry for part in report["scenarios"].values() for entry in part["paired"]]
-    family = [entry for entry in entries if entry["metric"] not in OUTSIDE_FAMILY]
+    plan = report["plan"]
+    entries = [(scenario, entry) for scenario, part in report["scenarios"].items() for entry in part["paired"]]
+    family = [entry for scenario, entry in entries if in_family(plan, scenario, {**entry, "pair": _pair(entry)})]
+    entries = [entry for _, entry in entries]
     for entry, adjusted in zip(family, holm_adjust([entry["p_value"] for entry in family])):
         entry["p_holm"] = adjusted
     for entry in entries:
         entry.setdefault("p_holm", None)
+
+
+def _pair(entry: dict[str, Any]) -> tuple[str, str]:
+    """A paired entry's strategy and baseline without their arm suffix."""
+    suffix = f" ({entry['arm']})" if entry["arm"] else ""
+    return entry["strategy"].removesuffix(suffix), entry["baseline"].removesuffix(suffix)
 
 
 def build_report(plan: dict[str, Any], records: dict[str, dict[str, Any]], environment: dict[str, str]
@@ -132,11 +150,16 @@ def build_report(plan: dict[str, Any], records: dict[str, dict[str, Any]], envir
                                  "peak_memory_mb")},
                              **_metrics(records[unit.name])} for unit in done]
             part["table"] = _strategy_table(part["runs"])
-            part["paired"] = _paired(scenario, units, records)
+            part["paired"] = _paired(plan, scenario, units, records)
             worker_s["test"] = sum(records[u.name]["process_s"] for u in done)
         part["worker_time_s"] = worker_s
         report["scenarios"][scenario] = part
     report["units"] = {"tune": [tune_done, tune_total], "test": [test_done, test_total]}
+    if plan.get("first_experience") == "shared":
+        firsts = first_units(plan, [u for name in plan["scenarios"] for u in test_units(plan, name, {})])
+        report["units"] = {"first": [sum(u.name in records for u in firsts), len(firsts)], **report["units"]}
+    if plan.get("hypotheses"):
+        report["hypotheses"] = verdicts(plan, {name: part["runs"] for name, part in report["scenarios"].items()})
     # Every finished unit's record, so a committed report resumes the study on another machine
     # (efficacy.py --from-report); nothing reads the per-iteration penalties back.
     report["records"] = {name: {key: value for key, value in records[name].items() if key != "penalties"}
