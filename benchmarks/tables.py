@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from _harness import efficacy_tables, efficacy_upscaled_tables
+from cl_streamkl.experiment.study import tables as study_tables
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
@@ -100,7 +101,7 @@ def _sources(names: Sequence[str], reports: Sequence[dict[str, Any]], document: 
     environments = "; ".join(
         f"{report['settings']['tokens']} tokens: {report['environment']['device']}, torch "
         f"{report['environment']['torch']}, triton {report['environment']['triton']}, "
-        f"{efficacy_tables.executions(report) or 'commit `' + str(report['environment']['commit']) + '`'}, "
+        f"{study_tables.executions(report) or 'commit `' + str(report['environment']['commit']) + '`'}, "
         f"{report['date']}" for report in reports)
     return f"Source: {files} ({environments})."
 
@@ -118,12 +119,12 @@ def _efficacy(view: str, document: Path, results: Path) -> list[str]:
     elif view == "task-penalty":
         lines = efficacy_tables.penalty_table(reports, "task")
     elif kind == "paired":
-        lines = efficacy_tables.paired_table(reports, scenario)
+        lines = study_tables.paired_table(reports, scenario)
     elif kind == "tuning":
-        lines = [line for report in reports for line in [*efficacy_tables.tuning_table(report, scenario), ""]][:-1]
+        lines = [line for report in reports for line in [*study_tables.tuning_table(report, scenario), ""]][:-1]
     else:
-        lines = [f"Chosen on validation: {efficacy_tables.chosen_settings(reports, scenario)}.", "",
-                 *efficacy_tables.strategy_table(reports, scenario)]
+        lines = [f"Chosen on validation: {study_tables.chosen_settings(reports, scenario)}.", "",
+                 *study_tables.strategy_table(reports, scenario)]
     return lines + ["", _sources(names, reports, document, results)]
 
 
@@ -143,9 +144,9 @@ def _efficacy_view(stem: str, view: str) -> bool:
     """Whether ``stem/view`` names an efficacy table (see the module's docstring)."""
     scenario, _, kind = view.partition("-")
     if stem == "efficacy-upscaled":
-        return scenario in efficacy_tables.SCENARIOS and kind in ("", "paired")
+        return scenario in study_tables.SCENARIOS and kind in ("", "paired")
     return (view in ("summary", "learning", "task-penalty")
-            or (scenario in efficacy_tables.SCENARIOS and kind in EFFICACY_VIEWS))
+            or (scenario in study_tables.SCENARIOS and kind in EFFICACY_VIEWS))
 
 
 def render(name: str, document: Path, results: Path = RESULTS) -> str:
