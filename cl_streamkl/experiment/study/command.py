@@ -71,9 +71,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("plan", nargs="?", type=Path, metavar="PLAN", help="the plan file (YAML or TOML)")
     parser.add_argument("--tables", nargs="+", type=Path, metavar="REPORT",
                         help="print the tables of these reports (side by side) and exit")
-    parser.add_argument("--part", choices=PARTS, default="all",
+    parser.add_argument("--part", choices=PARTS,
                         help="plan: write the plan only; tune: validation runs; test: test runs (after tuning); "
-                             "all: both; confirm: a registered confirmatory plan's runs (default: %(default)s)")
+                             "all: both; confirm: a registered confirmatory plan's runs (default: confirm for a "
+                             "plan with hypotheses, else all)")
     parser.add_argument("--register", action="store_true",
                         help="register a committed confirmatory plan (writes PLAN.registration.json) and exit")
     parser.add_argument("--scenarios", nargs="+", metavar="SCENARIO", help="run only these of the plan's scenarios")
@@ -136,6 +137,7 @@ def _argument_error(args: argparse.Namespace, plan: dict[str, Any]) -> str | Non
     if unknown:
         return f"--scenarios: {unknown[0]} is not in the plan ({', '.join(plan['scenarios'])})"
     confirmatory = bool(plan.get("hypotheses"))
+    args.part = args.part or ("confirm" if confirmatory else "all")
     if confirmatory and args.part in ("tune", "test", "all"):
         return f"--part {args.part}: {args.plan} is a confirmatory plan; its runs are --part confirm"
     if not confirmatory and args.part == "confirm":

@@ -45,12 +45,13 @@ def _added_by(plan_file: Path) -> tuple[str, bytes] | None:
     top = _git(folder, "rev-parse", "--show-toplevel")
     if top is None:
         return None
-    relative = plan_file.resolve().relative_to(Path(top.strip())).as_posix()
-    commits = (_git(folder, "log", "--diff-filter=A", "--format=%H", "--", relative) or "").split()
+    root = Path(top.strip())
+    relative = plan_file.resolve().relative_to(root).as_posix()
+    commits = (_git(root, "log", "--diff-filter=A", "--format=%H", "--", relative) or "").split()
     if not commits:
         raise StudyFileError(f"{plan_file} is not committed: commit the pre-registration before registering it")
     commit = commits[-1]
-    done = subprocess.run(["git", "show", f"{commit}:{relative}"], cwd=folder, capture_output=True, check=False)
+    done = subprocess.run(["git", "show", f"{commit}:{relative}"], cwd=root, capture_output=True, check=False)
     return commit, done.stdout
 
 

@@ -228,7 +228,9 @@ def run_unit(unit: Unit, plan: dict[str, Any], device: str, root: str, deadline:
         return None
     except _FirstDone:
         result = _keep_first_experience(unit, config, out, root)
-    payload = {"unit": dataclasses.asdict(unit), **result.to_dict(), "process_s": time.perf_counter() - start,
+    # A first unit's matrix has one row: no metrics of a whole stream.
+    outcome = dataclasses.asdict(result) if unit.part == "first" else result.to_dict()
+    payload = {"unit": dataclasses.asdict(unit), **outcome, "process_s": time.perf_counter() - start,
                "experience_s": seconds, "execution": _with_check(execution)}
     # Atomically: a start killed at its time limit leaves no half-written record.
     write_atomically(record, lambda handle: handle.write((json.dumps(payload) + "\n").encode()))
