@@ -53,10 +53,16 @@ class PlanError(ValueError):
 
 def tokens(settings: dict[str, Any]) -> int:
     """Tokens per image: (image / patch)² patches and the class token (the CLI's defaults where unset)."""
-    from cl_streamkl.experiment.config import ExperimentConfig
+    from cl_streamkl.experiment.config import CLUTTERED, DEFAULT_CLUTTER, DEFAULT_IMAGE_SIZE, ExperimentConfig
 
     default = ExperimentConfig()
     image, patch = settings.get("image_size", default.image_size), settings.get("patch_size", default.patch_size)
+    if image is None:  # the dataset's own size, as a run resolves it
+        dataset = settings.get("dataset", default.dataset)
+        image = (settings.get("canvas") or DEFAULT_CLUTTER.canvas if dataset == CLUTTERED
+                 else DEFAULT_IMAGE_SIZE.get(dataset))
+        if image is None:
+            raise PlanError(f"settings: dataset {dataset!r} has no default image_size; set image_size")
     return (image // patch) ** 2 + 1
 
 
