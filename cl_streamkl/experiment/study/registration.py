@@ -4,8 +4,8 @@
 committed and unmodified, and writes ``PLAN.registration.json`` beside it: the SHA-256 of the
 file's bytes, its plan fingerprint and the commit that added it. Commit that file too. The
 confirmatory part (``--part confirm``) then refuses to start unless the plan file still has
-those bytes; where the tree is a git checkout it also checks that the commit named added the
-file with those bytes. Every confirmatory unit records the registration, so a report shows
+those bytes; where the tree is a git checkout holding the file's history it also checks that
+the commit named added the file with those bytes. Every confirmatory unit records the registration, so a report shows
 that all its units ran under the registered plan.
 """
 
@@ -99,8 +99,8 @@ def check_registration(plan_file: Path, fingerprint: str) -> dict[str, Any]:
                              "cannot change; write a new plan file")
     try:
         added = _added_by(plan_file)
-    except StudyFileError:
-        added = ("", b"")
+    except StudyFileError:  # a checkout without the file's history (a copied tree): the bytes decide
+        added = None
     if added is not None and (added[0] != record.get("commit") or added[1] != data):
         raise StudyFileError(f"{plan_file}: the commit that added it ({added[0][:12] or 'none'}) is not the "
                              f"registered {str(record.get('commit'))[:12]} with these bytes")
