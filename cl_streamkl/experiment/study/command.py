@@ -265,7 +265,9 @@ def _prepare(args: argparse.Namespace, plan: dict[str, Any]) -> None:
                              f"{fingerprint(plan)}")
     check_folder(args.out, args.json, plan)
     if report is not None:
-        for name in report.get("records", {}) if isinstance(report.get("records"), dict) else ():
+        if not isinstance(report.get("records", {}), dict):
+            raise StudyFileError("--from-report: its records are not a mapping of unit names")
+        for name in report.get("records", {}):
             safe_name(name, "--from-report")
     if archive is not None:
         unpack_archive(archive, args.out)
