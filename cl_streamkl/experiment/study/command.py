@@ -292,7 +292,11 @@ def _main(args: argparse.Namespace) -> int:
     from cl_streamkl.experiment.study.tables import side_by_side
 
     if args.tables:
-        print(side_by_side([read_json(path, "--tables") for path in args.tables]))
+        reports = [read_json(path, "--tables") for path in args.tables]
+        for path, report in zip(args.tables, reports):
+            if not {"plan", "plan_fingerprint", "settings", "units", "scenarios"} <= set(report):
+                raise StudyFileError(f"--tables {path} is not a study report (cl-streamkl study's report.json)")
+        print(side_by_side(reports))
         return 0
     if args.plan is None:
         raise StudyFileError("a plan file is required (or --tables to print finished reports)")
