@@ -12,7 +12,9 @@ from study_helpers import one_line_error, tiny_plan, write_plan
 
 from cl_streamkl.experiment.study.command import main
 from cl_streamkl.experiment.study.rates import finished_records
-from cl_streamkl.experiment.study.registration import registration_path
+from cl_streamkl.experiment.study.files import StudyFileError
+from cl_streamkl.experiment.study.plan import fingerprint, load_plan
+from cl_streamkl.experiment.study.registration import check_registration, registration_path
 
 HYPOTHESES = [
     {"id": "H1", "scenario": "task", "arm": "", "strategy": "lwf+streamkl", "baseline": "lwf",
@@ -68,6 +70,14 @@ def test_registration_needs_a_committed_unmodified_plan(tmp_path, capsys):
     assert record["plan_file"] == "plan.yaml" and len(record["commit"]) == 40 and len(record["sha256"]) == 64
     assert main([str(path), "--register"]) == 2
     assert "exists: a plan is registered once" in one_line_error(capsys)
+    # A shallow clone (as CI checks out) shows its one commit adding every file: the registered bytes decide.
+    plan = load_plan(path)
+    for args in (("add", "."), ("commit", "-q", "-m", "registration")):
+        _git(repo, *args)
+    _git(tmp_path, "clone", "-q", "--depth", "1", f"file://{repo}", "shallow")
+    assert check_registration(tmp_path / "shallow" / "plan.yaml", fingerprint(plan))["commit"] == record["commit"]
+    with pytest.raises(StudyFileError, match="changed since it was registered"):
+        check_registration(tmp_path / "shallow" / "plan.yaml", "0" * 16)
     # A plan without hypotheses is not registered.
     plain = write_plan(repo / "plain.yaml", tiny_plan())
     assert main([str(plain), "--register"]) == 2

@@ -1,0 +1,52 @@
+"""The project's study plans (benchmarks/studies/) and their committed reports (benchmarks/results/): the new
+``cl-streamkl study`` reads the committed results unchanged, and the confirmatory plan stays registered."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cl_streamkl.experiment.study.plan import fingerprint, load_plan
+from cl_streamkl.experiment.study.registration import check_registration
+from cl_streamkl.experiment.study.report import build_report
+
+ROOT = Path(__file__).resolve().parents[2]
+STUDIES, RESULTS = ROOT / "benchmarks" / "studies", ROOT / "benchmarks" / "results"
+
+
+@pytest.mark.parametrize("regime", ["short", "long", "long4097"])
+def test_a_committed_report_is_its_plan_files_and_is_rebuilt_unchanged(regime):
+    plan = load_plan(STUDIES / f"efficacy-{regime}.yaml")
+    report = json.loads((RESULTS / f"efficacy-{regime}.json").read_text())
+    assert fingerprint(plan) == report["plan_fingerprint"] and plan == report["plan"]
+    rebuilt = json.loads(json.dumps(build_report(plan, report["records"], report["environment"])))
+    assert rebuilt["units"] == report["units"] and list(rebuilt["scenarios"]) == list(report["scenarios"])
+    for scenario, part in report["scenarios"].items():
+        again = rebuilt["scenarios"][scenario]
+        assert again["chosen"] == part["chosen"] and list(again["table"]) == list(part["table"])
+        for label, row in part["table"].items():
+            assert again["table"][label]["seeds"] == row["seeds"]
+            assert all(again["table"][label][m] == pytest.approx(row[m]) for m in row if m != "seeds")
+        assert len(again["paired"]) == len(part["paired"]) > 0
+        for new, old in zip(again["paired"], part["paired"]):
+            assert (new["strategy"], new["baseline"], new["metric"], new["n"]) == (
+                old["strategy"], old["baseline"], old["metric"], old["n"])
+            assert new["mean_diff"] == pytest.approx(old["mean_diff"], rel=1e-12, abs=1e-12)
+            assert (new["p_holm"] is None) == (old["p_holm"] is None)
+            if old["p_holm"] is not None:
+                assert new["p_holm"] == pytest.approx(old["p_holm"], rel=1e-9)
+
+
+def test_the_confirmatory_plan_is_registered_and_unchanged():
+    path = STUDIES / "confirm-1025.yaml"
+    plan = load_plan(path)
+    assert plan["hypotheses"] and plan["first_experience"] == "shared"
+    long = json.loads((RESULTS / "efficacy-long.json").read_text())
+    assert all(part["chosen_from"] == {"plan": long["plan_fingerprint"], "chosen": long["scenarios"][name]["chosen"]}
+               for name, part in plan["scenarios"].items())
+    assert not set(plan["test_seeds"]) & {seed for p in (long["plan"],) for seed in p["test_seeds"] + p["val_seeds"]}
+    registration = check_registration(path, fingerprint(plan))
+    assert registration == {key: json.loads((STUDIES / "confirm-1025.yaml.registration.json").read_text())[key]
+                            for key in ("sha256", "commit")}
