@@ -281,6 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``cl-streamkl study``; exit status 0, 1 when a unit failed, 2 for bad input."""
     study_units._seconds_per_weight.clear()  # --workers 0 trains in this process
     args = parse_args(argv)
+    args.command = " ".join([PROG, *(sys.argv[1:] if argv is None else argv)])
     try:
         return _main(args)
     except (PlanError, StudyFileError) as err:
@@ -365,7 +366,7 @@ def _run(args: argparse.Namespace, plan: dict[str, Any], registration: dict[str,
                 if hard_deadline is not None and time.time() >= hard_deadline:
                     break  # the workers are gone
     report = build_report(plan, finished_records(args.out), environment)
-    report["command"] = " ".join(["cl-streamkl", "study", *sys.argv[2:]]) if sys.argv[1:2] == ["study"] else None
+    report["command"] = args.command
     written = write_outputs(report, args.out, args.json)
     if args.archive:
         written += write_archive(args.out, args.archive)
