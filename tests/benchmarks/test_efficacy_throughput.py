@@ -32,7 +32,7 @@ def test_bad_counts_are_refused_in_one_line(capsys):
 
 
 def test_steady_steps_time_every_process_after_all_warmed_up():
-    settings = {**throughput.REGIMES["short"], **throughput.TINY}
+    settings = {**throughput.study_plan("short")["settings"], **throughput.TINY}
     result = throughput.concurrent_steps(settings, "eager", 2, 3, "cpu")
     assert result["processes"] == 2 and result["steps"] == 3 and result["wall_ms"] > 0
     distilling = throughput.concurrent_steps(settings, "eager", 2, 3, "cpu", "streamkl")

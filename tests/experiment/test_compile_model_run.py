@@ -62,12 +62,19 @@ def test_an_eager_checkpoint_resumes_compiled(tmp_path):
 
 
 def test_a_compiled_study_unit_records_its_check(tmp_path):
-    from _harness import efficacy_plan, efficacy_units
+    from cl_streamkl.experiment.study.plan import check_plan, tuning_units
+    from cl_streamkl.experiment.study.units import load_data, run_unit
 
-    plan = efficacy_plan.make_plan("short", [100, 101], [200, 201], epochs=1)
+    plan = check_plan({
+        "regime": "tiny", "val_seeds": [100, 101], "test_seeds": [200, 201],
+        "settings": {"dataset": "digits", "image_size": 16, "patch_size": 8, "epochs": 1, "batch_size": 64,
+                     "amp": "none", "model_kwargs": {"depth": 1, "embed_dim": 16, "num_heads": 2}},
+        "scenarios": {"task": {"options": {"experiences": 3, "first_experience_classes": 6},
+                               "tuning": {"streamkl": {"strategy": "streamkl", "arm": "", "grid": [{"alpha": 1.0}]}},
+                               "test": {"": ["naive", "streamkl"]}}}})
     # A StreamKL unit: the teacher snapshot and the student's capture both run compiled.
-    unit = next(unit for unit in efficacy_plan.tuning_units(plan, "task") if unit.strategy == "streamkl")
-    efficacy_units.load_data(unit, plan)
-    record = efficacy_units.run_unit(unit, plan, "cpu", str(tmp_path), None, execution={"compile_model": True})
+    unit = tuning_units(plan, "task")[0]
+    load_data(unit, plan)
+    record = run_unit(unit, plan, "cpu", str(tmp_path), None, execution={"compile_model": True})
     assert 0 <= record["execution"]["compiled_qk_check"] < 1e-3
     assert record["execution"]["compile_model"] is True and record["mean_penalty"] > 0
