@@ -140,6 +140,24 @@ def _upscaled(view: str, document: Path, results: Path) -> list[str]:
     return lines + ["", _sources(UPSCALED_REPORTS, reports, document, results)]
 
 
+def _study(report: dict[str, Any], view: str, source: str) -> list[str]:
+    """A study report's views: ``hypotheses``, ``verdicts`` (one sentence per primary hypothesis),
+    ``<scenario>`` (mean ± std per strategy) and ``<scenario>-paired``."""
+    scenario, _, kind = view.partition("-")
+    if view == "hypotheses":
+        lines = study_tables.hypotheses_table(report)
+    elif view == "verdicts":
+        lines = study_tables.verdict_lines(report)
+    elif scenario in report["scenarios"] and kind in ("", "paired"):
+        lines = (study_tables.paired_table([report], scenario) if kind else
+                 study_tables.strategy_table([report], scenario))
+    else:
+        raise ValueError(f"study report {source}: views are hypotheses, verdicts, <scenario>[-paired]")
+    environment = report["environment"]
+    return lines + ["", f"Source: {source} ({environment['device']}, torch {environment['torch']}, triton "
+                        f"{environment['triton']}, {study_tables.executions(report)}, {report['date']})."]
+
+
 def _efficacy_view(stem: str, view: str) -> bool:
     """Whether ``stem/view`` names an efficacy table (see the module's docstring)."""
     scenario, _, kind = view.partition("-")
@@ -167,6 +185,8 @@ def render(name: str, document: Path, results: Path = RESULTS) -> str:
     if not path.is_file():
         raise ValueError(f"table {name!r}: no result file {path.relative_to(results.parent.parent)}")
     table = json.loads(path.read_text())
+    if "plan_fingerprint" in table:  # a study report (cl-streamkl study --json)
+        return "\n".join(_study(table, view, f"[`{path.name}`]({_link(path, document)})")) + "\n"
     if view and view not in table.get("views", {}):
         raise ValueError(f"table {name!r}: {path.name} has no view {view!r}")
     columns, rows = _select(table, table["views"][view]) if view else (table["columns"], table["rows"])

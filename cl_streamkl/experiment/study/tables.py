@@ -183,3 +183,31 @@ def hypotheses_table(report: dict[str, Any]) -> list[str]:
                      f"{TITLES.get(e['metric'], e['metric'])} ({e['direction']}) | {len(e['seeds'])} | {diff} | {p} | "
                      f"{verdict} | {beside[0]} | {beside[1]} |")
     return lines
+
+
+def _comparison_text(entry: dict[str, Any]) -> str:
+    arm = f" ({entry['arm']})" if entry["arm"] else ""
+    return f"{entry['strategy']}{arm} − {entry['baseline']}{arm}"
+
+
+def verdict_lines(report: dict[str, Any]) -> list[str]:
+    """One plain sentence per primary hypothesis, its secondary beside it: verdict, effect, interval."""
+    entries = report.get("hypotheses") or []
+    secondary = {(e["scenario"], e["arm"], e["strategy"], e["baseline"]): e for e in entries if e["role"] == "secondary"}
+    lines = []
+    for e in entries:
+        if e["role"] != "primary" or e["mean_diff"] is None:
+            continue
+        low, high = e["ci95"]
+        line = (f"- **{e['verdict'].capitalize()}** ({e['id']}, {e['scenario']} scenario, {_comparison_text(e)}): "
+                f"{TITLES.get(e['metric'], e['metric'])} {e['mean_diff']:+.1f} pp [{low:+.1f}, {high:+.1f}], "
+                f"Holm p {e['p_holm']:.2g}, {len(e['seeds'])} seeds")
+        other = secondary.get((e["scenario"], e["arm"], e["strategy"], e["baseline"]))
+        if other is not None and other["mean_diff"] is not None:
+            low, high = other["ci95"]
+            line += (f"; {TITLES.get(other['metric'], other['metric'])} {other['mean_diff']:+.1f} pp "
+                     f"[{low:+.1f}, {high:+.1f}] ({other['verdict']})")
+        if "learning_accuracy" in e["beside"]:
+            line += f"; learning acc {e['beside']['learning_accuracy']['mean_diff']:+.1f} pp (not tested)"
+        lines.append(line + ".")
+    return lines
