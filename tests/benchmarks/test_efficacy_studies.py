@@ -50,3 +50,26 @@ def test_the_confirmatory_plan_is_registered_and_unchanged():
     registration = check_registration(path, fingerprint(plan))
     assert registration == {key: json.loads((STUDIES / "confirm-1025.yaml.registration.json").read_text())[key]
                             for key in ("sha256", "commit")}
+
+
+def test_the_confirmatory_report_is_its_registered_plans_and_its_verdicts_are_rebuilt():
+    plan = load_plan(STUDIES / "confirm-1025.yaml")
+    report = json.loads((RESULTS / "confirm-1025.json").read_text())
+    assert fingerprint(plan) == report["plan_fingerprint"] and plan == report["plan"]
+    registered = json.loads((STUDIES / "confirm-1025.yaml.registration.json").read_text())
+    assert all(record["execution"]["preregistration"] == {"sha256": registered["sha256"],
+                                                          "commit": registered["commit"]}
+               for record in report["records"].values())
+    rebuilt = json.loads(json.dumps(build_report(plan, report["records"], report["environment"])))
+    assert rebuilt["units"] == report["units"] and report["units"]["first"][0] == report["units"]["first"][1] > 0
+    assert [(h["id"], h["verdict"], h["seeds"]) for h in rebuilt["hypotheses"]] == [
+        (h["id"], h["verdict"], h["seeds"]) for h in report["hypotheses"]]
+    for new, old in zip(rebuilt["hypotheses"], report["hypotheses"]):
+        assert new["mean_diff"] == pytest.approx(old["mean_diff"]) and new["p_holm"] == pytest.approx(old["p_holm"])
+    # Every arm of a seed started from that seed's one first experience.
+    firsts = {(r["unit"]["scenario"], r["seed"]): r["accuracy_matrix"][0] for r in report["records"].values()
+              if r["unit"]["part"] == "first"}
+    tested = [r for r in report["records"].values() if r["unit"]["part"] == "test"]
+    assert all(r["accuracy_matrix"][0] == firsts[(r["unit"]["scenario"], r["seed"])] for r in tested)
+    # experience_s: those trained by the start that finished the unit (a resumed one: fewer); never the first.
+    assert all(number >= 2 for r in tested for number, _ in r["experience_s"])
