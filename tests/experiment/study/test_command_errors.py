@@ -91,6 +91,8 @@ CASES = {
         "units/b.json", kind=tarfile.LNKTYPE, target="units/a.json")))], "is a link or device"),
     "damaged plan in the archive": (lambda t, p: ["--from-archive", str(_tar(t / "a.tar.gz", _member(
         "plan.json", b"{oops")))], "its plan.json is damaged"),
+    "json of another plan": (lambda t, p: ["--json", str(_file(t, "report.json", json.dumps({
+        "plan_fingerprint": "0" * 16})))], "reports a study with plan 0000000000000000"),
     "workers -1": (lambda t, p: ["--workers", "-1"], "--workers must be >= 0, --threads and --gpus >= 1"),
     "threads 0": (lambda t, p: ["--threads", "0"], "--workers must be >= 0, --threads and --gpus >= 1"),
     "time limit nan": (lambda t, p: ["--time-limit", "nan"], "--time-limit must be a number of minutes > 0"),

@@ -104,7 +104,12 @@ def test_a_registered_plan_confirms_from_one_shared_first_experience(tmp_path, c
     assert main([str(path), "--register"]) == 0
     capsys.readouterr()
 
-    assert main(confirm) == 0
+    # A first start trains the shared first experiences only; they travel in the archive to the next machine.
+    began, archive = tmp_path / "began", tmp_path / "began.tar.gz"
+    assert main([*confirm[:-1], str(began), "--max-units", "2", "--archive", str(archive)]) == 0
+    assert json.loads((began / "report.json").read_text())["units"] == {"first": [2, 2], "tune": [0, 0],
+                                                                         "test": [0, 10]}
+    assert main([*confirm, "--from-archive", str(archive)]) == 0
     assert "H1 | primary | task | lwf+streamkl − lwf" in capsys.readouterr().out
     report = json.loads((out / "report.json").read_text())
     assert report["units"] == {"first": [2, 2], "tune": [0, 0], "test": [10, 10]}
