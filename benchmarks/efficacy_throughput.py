@@ -70,7 +70,7 @@ from _harness.report import describe_environment, table_header, write_json
 PARTS = ("step", "steady", "units")
 WARM_STEPS = 3  # the compiled variants compile in the first step
 STEP_VARIANTS = ("eager", "compile-layers", "compile-model", "whole model compiled")
-# The variants a study unit can run as (efficacy.py's flags), and what each sets.
+# The variants a study unit can run as (the study command's flags), and what each sets.
 UNIT_VARIANTS = {"eager": {}, "compile-layers": {"compile_layers": True}, "compile-model": {"compile_model": True}}
 # Attention distillation a step can carry (``--penalties``): none, or a plugin of the study's.
 PENALTIES = ("none", "streamkl", "pad")

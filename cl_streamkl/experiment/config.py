@@ -216,7 +216,7 @@ class ExperimentConfig:
         nargs="+", metavar="NAME")
     seeds: list[int] = setting([0], "training", "one run per seed (class order and init); the table shows "
                                "mean ± std", nargs="+", metavar="SEED", bound="seed")
-    # StreamKL defaults chosen on Split-Digits' validation split (see docs/results.md).
+    # StreamKL defaults chosen on Split-Digits' validation split (a study since superseded, see CHANGELOG.md).
     alpha: float = setting(10.0, "StreamKL and baselines", "StreamKL penalty weight (the plugin's own default "
                            "is 1)", bound="non-negative")
     layers: Layers = setting("all", "StreamKL and baselines", "blocks to distil: all | N (last N) | i,j,...",

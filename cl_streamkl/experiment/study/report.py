@@ -161,7 +161,7 @@ def build_report(plan: dict[str, Any], records: dict[str, dict[str, Any]], envir
     if plan.get("hypotheses"):
         report["hypotheses"] = verdicts(plan, {name: part["runs"] for name, part in report["scenarios"].items()})
     # Every finished unit's record, so a committed report resumes the study on another machine
-    # (efficacy.py --from-report); nothing reads the per-iteration penalties back.
+    # (cl-streamkl study --from-report); nothing reads the per-iteration penalties back.
     report["records"] = {name: {key: value for key, value in records[name].items() if key != "penalties"}
                          for name in sorted(records)}
     add_holm(report)
