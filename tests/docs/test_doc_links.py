@@ -1,4 +1,5 @@
-"""Every relative link of README.md and docs/*.md reaches a file, and its #anchor a heading there."""
+"""Every relative link of README.md, CHANGELOG.md, docs/*.md and docs/api/*.md reaches a file, and
+its #anchor a heading there."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCUMENTS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCUMENTS = [ROOT / "README.md", ROOT / "CHANGELOG.md", *sorted((ROOT / "docs").glob("*.md")),
+             *sorted((ROOT / "docs" / "api").glob("*.md"))]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^```.*?^```$", re.DOTALL | re.MULTILINE)
 CODE_SPAN = re.compile(r"`[^`\n]*`")
@@ -34,7 +36,7 @@ def test_every_relative_link_resolves():
             path, _, anchor = target.partition("#")
             resolved = (document.parent / path).resolve() if path else document
             if not resolved.exists():
-                broken.append(f"{document.name}: {target} (no such file)")
+                broken.append(f"{document.relative_to(ROOT)}: {target} (no such file)")
             elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved.read_text()):
-                broken.append(f"{document.name}: {target} (no such heading)")
+                broken.append(f"{document.relative_to(ROOT)}: {target} (no such heading)")
     assert broken == []
