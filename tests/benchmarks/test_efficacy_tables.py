@@ -106,12 +106,12 @@ def test_the_goal_family_check_narrows_holm_to_the_goal_comparisons():
         "domain": {"paired": [entry("lwf+streamkl", "lwf", "stream_accuracy", -2.0, 0.01, 0.4),  # against StreamKL
                               entry("streamkl", "naive", "forgetting", -1.0, 0.2, 1.0)]}}}
     # Family of four: p 0.001, 0.004, 0.01, 0.2 become 0.004, 0.012, 0.02, 0.2.
-    assert efficacy_tables.goal_family([long]) == [
+    assert efficacy_tables.goal_family([long]) == [(
         "- The 1025-token verdict hinges on the family's breadth: with Holm over only the goal's 4 comparisons "
         "(a check chosen after the test runs), StreamKL gains in 2 of the 2 scenarios needed (met): class: "
         "replay+streamkl (mem200) − replay (mem200) forgetting -3.0 pp (p 0.012, 8 seeds); task: streamkl − naive "
         "stream acc +5.0 pp (p 0.004, 8 seeds). Smallest adjusted p elsewhere: domain: streamkl − naive forgetting "
-        "-1.0 pp (p 0.2, 8 seeds)."]
+        "-1.0 pp (p 0.2, 8 seeds).")]
     unfinished = {**long, "units": {"tune": [4, 4], "test": [200, 240]}}
     assert efficacy_tables.goal_family([unfinished]) == []
 

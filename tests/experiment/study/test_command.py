@@ -15,7 +15,11 @@ from cl_streamkl.experiment.study import files as study_files
 from cl_streamkl.experiment.study import rates as study_rates
 from cl_streamkl.experiment.study.command import main
 from cl_streamkl.experiment.study.plan import Unit, experience_weights, load_plan
-from cl_streamkl.experiment.study.rates import finished_records, rate_key, seconds_per_weight_of
+from cl_streamkl.experiment.study.rates import (
+    finished_records,
+    rate_key,
+    seconds_per_weight_of,
+)
 
 
 def _plan(tmp_path, name="plan.yaml", **changes):

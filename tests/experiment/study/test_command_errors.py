@@ -138,8 +138,8 @@ PLAN_CASES = {
                 "aliases (*s) are not read in plan files, line 2"),
     "not YAML": (lambda t: _plan_text(t, "regime: [\n"), "is not valid YAML"),
     "unknown key": (lambda t: _bad_plan(t, seeds=[1, 2]), "unknown key 'seeds'; a plan has regime, settings"),
-    "unequal grids": (_bad_grid, "every family needs the same number of settings (equal tuning effort); "
-                                 "the grids have [2, 3]"),
+    "unequal grids": (_bad_grid, ("every family needs the same number of settings (equal tuning effort); "
+                                  "the grids have [2, 3]")),
     "missing plan": (lambda t: (t / "missing.yaml", []), "cannot read"),
 }
 

@@ -11,10 +11,13 @@ import pytest
 from study_helpers import one_line_error, tiny_plan, write_plan
 
 from cl_streamkl.experiment.study.command import main
-from cl_streamkl.experiment.study.rates import finished_records
 from cl_streamkl.experiment.study.files import StudyFileError
 from cl_streamkl.experiment.study.plan import fingerprint, load_plan
-from cl_streamkl.experiment.study.registration import check_registration, registration_path
+from cl_streamkl.experiment.study.rates import finished_records
+from cl_streamkl.experiment.study.registration import (
+    check_registration,
+    registration_path,
+)
 
 HYPOTHESES = [
     {"id": "H1", "scenario": "task", "arm": "", "strategy": "lwf+streamkl", "baseline": "lwf",

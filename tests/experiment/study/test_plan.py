@@ -11,10 +11,21 @@ from study_helpers import STUDIES, TINY, short_plan, tiny_plan, write_plan
 from cl_streamkl.experiment.study.comparisons import ComparisonError
 from cl_streamkl.experiment.study.files import StudyFileError, read_mapping
 from cl_streamkl.experiment.study.plan import (
-    PlanError, Unit, check_plan, choose, experience_weights, fingerprint, first_unit, first_units, load_plan,
-    tokens, tuning_units,
+    PlanError,
+    Unit,
+    check_plan,
+    choose,
+    experience_weights,
+    fingerprint,
+    first_unit,
+    first_units,
+    load_plan,
+    tokens,
+    tuning_units,
 )
-from cl_streamkl.experiment.study.plan import test_units as units_tested  # not a test: pytest would collect it
+from cl_streamkl.experiment.study.plan import (
+    test_units as units_tested,  # not a test: pytest would collect it
+)
 
 
 def test_every_method_gets_the_same_number_of_settings():

@@ -11,7 +11,14 @@ from study_helpers import short_plan
 from cl_streamkl.experiment.study import rates as study_rates
 from cl_streamkl.experiment.study.plan import tuning_units
 from cl_streamkl.experiment.study.rates import (
-    FIRST, estimate, finished_records, known_rates, rate_key, reference_rates, seconds_left, seconds_per_weight_of,
+    FIRST,
+    estimate,
+    finished_records,
+    known_rates,
+    rate_key,
+    reference_rates,
+    seconds_left,
+    seconds_per_weight_of,
     unit_kind,
 )
 

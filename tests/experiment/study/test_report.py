@@ -13,9 +13,16 @@ from cl_streamkl.experiment.runner import RunResult
 from cl_streamkl.experiment.study.comparisons import earlier_final_accuracy, verdicts
 from cl_streamkl.experiment.study.outputs import write_outputs
 from cl_streamkl.experiment.study.plan import check_plan, first_units, tuning_units
-from cl_streamkl.experiment.study.plan import test_units as units_tested  # not a test: pytest would collect it
+from cl_streamkl.experiment.study.plan import (
+    test_units as units_tested,  # not a test: pytest would collect it
+)
 from cl_streamkl.experiment.study.report import build_report
-from cl_streamkl.experiment.study.tables import executions, hypotheses_table, side_by_side, tuning_table
+from cl_streamkl.experiment.study.tables import (
+    executions,
+    hypotheses_table,
+    side_by_side,
+    tuning_table,
+)
 
 ENVIRONMENT = {"device": "cpu (x86_64)", "torch": "2", "triton": None, "python": "3", "commit": "abc1234"}
 CHOSEN = {"lwf": {"lwf_alpha": 4.0}, "replay": {"mem_batch_size": 16}}

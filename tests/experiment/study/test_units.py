@@ -12,10 +12,20 @@ from study_helpers import short_plan
 
 from cl_streamkl.experiment.study import rates as study_rates
 from cl_streamkl.experiment.study import units as study_units
-from cl_streamkl.experiment.study.files import open_archive, unpack_archive, write_archive
+from cl_streamkl.experiment.study.files import (
+    open_archive,
+    unpack_archive,
+    write_archive,
+)
 from cl_streamkl.experiment.study.plan import experience_weights, tuning_units
 from cl_streamkl.experiment.study.rates import rate_key, unit_kind
-from cl_streamkl.experiment.study.units import InProcess, Outcome, may_start, run_unit, run_units
+from cl_streamkl.experiment.study.units import (
+    InProcess,
+    Outcome,
+    may_start,
+    run_unit,
+    run_units,
+)
 
 
 def _rates(monkeypatch, rates):
