@@ -169,8 +169,26 @@ def check_plan(plan: dict[str, Any]) -> dict[str, Any]:
     from cl_streamkl.experiment.study.comparisons import check_comparisons
 
     check_comparisons(plan)
+    _check_units(plan)
     plan["tokens"] = tokens(plan["settings"])
     return plan
+
+
+def _check_units(plan: dict[str, Any]) -> None:
+    """Resolve every distinct unit's configuration as its run would (ranges, combinations, the
+    model's name), so that a bad value fails here, not in a worker after hours of other units.
+    Test units are checked with each family's first validation setting standing for its choice."""
+    from cl_streamkl.experiment.config import ExperimentConfig
+
+    for name, part in plan["scenarios"].items():
+        chosen = part.get("chosen_from", {}).get("chosen") or {
+            family: spec["grid"][0] for family, spec in part["tuning"].items()}
+        units = tuning_units(plan, name) + test_units(plan, name, chosen)
+        for unit in {(u.strategy, u.arm, u.overrides): u for u in units}.values():
+            try:
+                ExperimentConfig.from_dict({**unit.config_fields(plan), "device": "cpu"}).resolved()
+            except (TypeError, ValueError) as err:
+                raise PlanError(f"scenarios.{name}: {unit.label} ({unit.part}): {err}") from None
 
 
 def _untuned(plan: dict[str, Any]) -> bool:
