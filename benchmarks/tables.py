@@ -8,13 +8,13 @@ A document asks for a table between two marker comments::
 
 The name is a result file's stem (``benchmarks/results/kernel-long-bf16.json``), optionally
 with one of the views the file defines (``kernel-long-bf16/headline``: some of its columns and
-rows). The efficacy study's tables draw on its reports side by side (those of
+rows). The exploratory efficacy study's tables draw on its reports side by side (those of
 ``efficacy-short.json``, ``efficacy-long.json`` and ``efficacy-long4097.json`` that exist):
-``efficacy/summary`` (README's section), ``efficacy/learning`` (naive's learning accuracy per
-experience), ``efficacy/task-penalty`` (each distilling unit's mean penalty),
-``efficacy/<scenario>``, ``efficacy/<scenario>-paired`` and ``efficacy/<scenario>-tuning``;
-``efficacy-upscaled/<scenario>[-paired]`` are the earlier study's, whose long tokens were
-upscaled 28 px digits. Under each table a line names the file
+``efficacy/summary``, ``efficacy/learning`` (naive's learning accuracy per experience),
+``efficacy/task-penalty`` (each distilling unit's mean penalty), ``efficacy/<scenario>``,
+``efficacy/<scenario>-paired`` and ``efficacy/<scenario>-tuning``. A study report
+(``cl-streamkl study --json``, e.g. ``confirm-1025.json``) has the views ``hypotheses``,
+``verdicts``, ``<scenario>`` and ``<scenario>-paired``. Under each table a line names the file
 it comes from, the GPU, versions, commit and date.
 
 A table file holds ``title``, ``gpu``, ``torch``, ``triton`` and where known ``python``,
@@ -39,13 +39,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from _harness import efficacy_tables, efficacy_upscaled_tables
+from _harness import efficacy_tables
 from cl_streamkl.experiment.study import tables as study_tables
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 EFFICACY_REPORTS = ("efficacy-short.json", "efficacy-long.json", "efficacy-long4097.json")
-UPSCALED_REPORTS = ("efficacy-upscaled-short.json", "efficacy-upscaled-long.json")
 EFFICACY_VIEWS = ("", "paired", "tuning")
 MARKED = re.compile(r"(<!-- table:(?P<name>[\w./-]+) -->\n)(?P<body>.*?)(<!-- /table -->)", re.DOTALL)
 
@@ -128,18 +127,6 @@ def _efficacy(view: str, document: Path, results: Path) -> list[str]:
     return lines + ["", _sources(names, reports, document, results)]
 
 
-def _upscaled(view: str, document: Path, results: Path) -> list[str]:
-    scenario, _, paired = view.partition("-")
-    reports = [json.loads((results / name).read_text()) for name in UPSCALED_REPORTS]
-    if paired:
-        lines = efficacy_upscaled_tables.paired_table(reports, scenario)
-    else:
-        chosen = efficacy_upscaled_tables.chosen_settings(reports, scenario)
-        lines = [f"StreamKL setting chosen on validation: {chosen}.", "",
-                 *efficacy_upscaled_tables.strategy_table(reports, scenario)]
-    return lines + ["", _sources(UPSCALED_REPORTS, reports, document, results)]
-
-
 def _study(report: dict[str, Any], view: str, source: str) -> list[str]:
     """A study report's views: ``hypotheses``, ``verdicts`` (one sentence per primary hypothesis),
     ``<scenario>`` (mean ± std per strategy) and ``<scenario>-paired``."""
@@ -158,11 +145,9 @@ def _study(report: dict[str, Any], view: str, source: str) -> list[str]:
                         f"{environment['triton']}, {study_tables.executions(report)}, {report['date']})."]
 
 
-def _efficacy_view(stem: str, view: str) -> bool:
-    """Whether ``stem/view`` names an efficacy table (see the module's docstring)."""
+def _efficacy_view(view: str) -> bool:
+    """Whether ``efficacy/view`` names an efficacy table (see the module's docstring)."""
     scenario, _, kind = view.partition("-")
-    if stem == "efficacy-upscaled":
-        return scenario in study_tables.SCENARIOS and kind in ("", "paired")
     return (view in ("summary", "learning", "task-penalty")
             or (scenario in study_tables.SCENARIOS and kind in EFFICACY_VIEWS))
 
@@ -174,13 +159,11 @@ def render(name: str, document: Path, results: Path = RESULTS) -> str:
         ValueError: no result file or view of that name.
     """
     stem, _, view = name.partition("/")
-    if stem in ("efficacy", "efficacy-upscaled"):
-        if not _efficacy_view(stem, view):
+    if stem == "efficacy":
+        if not _efficacy_view(view):
             raise ValueError(f"table {name!r}: efficacy tables are efficacy/summary, efficacy/learning, "
-                             "efficacy/task-penalty, "
-                             "efficacy/<class|task|domain>[-paired|-tuning] and efficacy-upscaled/<scenario>[-paired]")
-        render_view = _efficacy if stem == "efficacy" else _upscaled
-        return "\n".join(render_view(view, document, results)) + "\n"
+                             "efficacy/task-penalty and efficacy/<class|task|domain>[-paired|-tuning]")
+        return "\n".join(_efficacy(view, document, results)) + "\n"
     path = results / f"{stem}.json"
     if not path.is_file():
         raise ValueError(f"table {name!r}: no result file {path.relative_to(results.parent.parent)}")
