@@ -33,6 +33,7 @@ from cl_streamkl.experiment.config import LOGGERS, ExperimentConfig, Flag, descr
 from cl_streamkl.experiment.config_checks import suggest
 from cl_streamkl.experiment.data.errors import DataError
 from cl_streamkl.experiment.files import OutputWriteError
+from cl_streamkl.kernels.config import get_kernel_options
 
 if TYPE_CHECKING:
     from cl_streamkl.distributed.data_parallel import DataParallel
@@ -403,6 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser(base).parse_args(argv)
         # Checked before the run's heavy modules are imported: a misspelt value answers at once.
         config = _resolve(args, base)
+        get_kernel_options()  # the kernels' CL_STREAMKL_* switches, read on first use: refused here if misspelt
     except SystemExit as exit_:  # argparse has printed its message already
         return int(exit_.code or 0)
     except ValueError as err:

@@ -79,6 +79,19 @@ def test_registered_attention_whose_scores_cannot_be_read_is_refused_before_trai
     assert not out.exists()
 
 
+@pytest.mark.parametrize("variable, text", [("CL_STREAMKL_BACKWARD", "banana"), ("CL_STREAMKL_AUTOTUNE", "banana")])
+def test_misspelt_kernel_switch_is_one_line_naming_it(tmp_path, capsys, monkeypatch, variable, text):
+    from cl_streamkl.kernels import config as kernel_config
+
+    monkeypatch.setattr(kernel_config, "_current", None)  # read again from the environment on first use
+    monkeypatch.setenv(variable, text)
+    assert cli.main(["run", "--help"]) == 0 and "--resume" in capsys.readouterr().out
+    rc, out = run_cli(tmp_path, "switch")
+    assert rc == 2
+    assert f"environment variable {variable} must be" in one_line_error(capsys)
+    assert not out.exists()
+
+
 def test_missing_wandb_is_a_clear_error(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)
     rc, out = run_cli(tmp_path, "wandb", "--log", "wandb")
