@@ -99,6 +99,35 @@ def test_bad_configuration_files_are_one_line_before_anything_is_written(tmp_pat
     assert not out.exists()
 
 
+def _billion_laughs() -> str:
+    """A 1 kB YAML file whose nested aliases expand to 10**9 strings inside model_kwargs."""
+    lines = ["model_kwargs:", '  l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"  l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, 9)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("suffix, text, message", [
+    (".yaml", "batch_size: 8\nepochs: 1\nbatch_size: 16\n", "key 'batch_size' is given twice (line 3)"),
+    (".yml", "model_kwargs:\n  depth: 1\n  depth: 2\n", "key 'depth' is given twice (line 3)"),
+    (".json", '{"lr": 0.1, "epochs": 1, "lr": 0.2}', "key 'lr' is given twice"),
+    (".json", '{"model_kwargs": {"depth": 1, "depth": 2}}', "key 'depth' is given twice"),
+    (".yaml", _billion_laughs(), "aliases (*l0, line 3) are not read in configuration files"),
+    (".yaml", "seeds: &s [1, 2]\nmodel_kwargs: {depth: *s}\n", "aliases (*s, line 2)"),
+    (".json", "[" * 100_000 + "]" * 100_000, "values nested too deeply for a configuration"),
+    (".yaml", "[" * 100_000 + "]" * 100_000, "values nested too deeply for a configuration"),
+    (".json", b"\xff\xfe{}", "not UTF-8 text"),
+])
+def test_configuration_files_are_read_strictly(tmp_path, capsys, suffix, text, message):
+    path = tmp_path / f"settings{suffix}"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    out = tmp_path / "out"
+    start = time.perf_counter()
+    assert cli.main(["run", "--config", str(path), "--out", str(out)]) == 2
+    assert time.perf_counter() - start < 10  # refused, not expanded
+    assert f"{path}: {message}" in one_line_error(capsys)
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--lr", "nan"], "lr must be a finite number; got nan"),
     (["--lr", "inf"], "lr must be a finite number; got inf"),
