@@ -71,8 +71,10 @@ class Flag:
         choices: the values allowed (checked for configuration files too).
         metavar: the value's name in the help.
         nargs: argparse ``nargs`` (lists take ``+``).
-        bound: ``"positive"`` (> 0) or ``"non-negative"`` (>= 0) for numbers; checked in
-            :meth:`ExperimentConfig.resolved`, whatever the value's source.
+        bound: ``"positive"`` (> 0) or ``"non-negative"`` (>= 0) for numbers, ``"seed"`` for
+            integers from 0 to 2**64 - 1; checked in :meth:`ExperimentConfig.resolved`,
+            whatever the value's source. Other integers are at most 2**31 - 1 whatever their
+            bound (:data:`~cl_streamkl.experiment.config_checks.MAX_INTEGER`).
         default_help: the default in words, for defaults that depend on other settings.
     """
 

@@ -20,6 +20,10 @@ if TYPE_CHECKING:
 
 # Seeds feed torch.manual_seed, which takes unsigned 64-bit integers.
 SEED_LIMIT = 2**64
+# Every other integer setting (sizes, counts, epochs) is at most the largest 32-bit signed integer:
+# larger ones fit no dataset or buffer a run can hold, and fail deep in Python or torch
+# (islice, tensor sizes) after the run folder is written.
+MAX_INTEGER = 2**31 - 1
 # Larger inputs are refused before anything is built: at 4096 px a batch of 16 RGB images
 # is already 3 GiB of float32, and 65,536 tokens (a 256 × 256 patch grid) is far past the
 # sequence lengths the kernels are benchmarked at.
@@ -103,6 +107,8 @@ def _check_number(name: str, value: float, bound: str | None) -> None:
         raise ValueError(f"{name} must be >= 0; got {value}")
     if bound == "seed" and not 0 <= value < SEED_LIMIT:
         raise ValueError(f"{name} must be an integer from 0 to 2**64 - 1; got {value}")
+    if bound != "seed" and isinstance(value, int) and value > MAX_INTEGER:
+        raise ValueError(f"{name} must be at most 2**31 - 1 ({MAX_INTEGER:,}); got {value}")
 
 
 def check_ranges(config: ExperimentConfig) -> None:
