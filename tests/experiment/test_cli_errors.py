@@ -198,3 +198,29 @@ def test_a_weights_file_builds_the_architecture_the_model_names():
     assert ExperimentConfig().resolved().model_kwargs == {"depth": 4, "embed_dim": 64, "num_heads": 2}
     assert describe_model(ExperimentConfig().resolved()) == (
         "vit_tiny_patch16_224 (depth=4 embed_dim=64 num_heads=2), 32 px, patch 8")
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "is empty"),
+    (b"hello world", "cannot be read as weights (KeyError: 101)"),
+    (b"PK\x03\x04" + b"\0" * 64, "cannot be read as weights"),
+    (None, "is not a file"),
+])
+def test_unreadable_weights_file_is_one_line(tmp_path, capsys, content, message):
+    weights = tmp_path / "w.pth"
+    if content is None:
+        weights.mkdir()
+    else:
+        weights.write_bytes(content)
+    rc, out = run_cli(tmp_path, "w", "--strategies", "naive", "--pretrained-file", str(weights))
+    assert rc == 2
+    assert f"pretrained file {str(weights)!r} {message}" in one_line_error(capsys)
+    assert not out.exists()
+
+
+def test_model_too_large_to_allocate_is_one_line(tmp_path, capsys):
+    rc, out = run_cli(tmp_path, "huge", "--strategies", "naive", "--model-kwargs", "depth=1", f"embed_dim={2**40}",
+                      "num_heads=2")
+    assert rc == 2
+    assert "timm model 'vit_tiny_patch16_224' cannot be built with --model-kwargs depth=1" in one_line_error(capsys)
+    assert not out.exists()
