@@ -9,8 +9,8 @@ from typing import Any
 import timm
 from torch import nn
 
-from cl_streamkl.experiment.config import STEMS
 from cl_streamkl.experiment.conv_stem import ConvStem, stem_convolutions
+from cl_streamkl.experiment.stems import STEMS
 from cl_streamkl.experiment.task_heads import MultiHeadViT
 
 

@@ -243,7 +243,8 @@ PAD_BAD_INPUTS = [
 
 
 @pytest.mark.parametrize("streaming", [False, True, "auto"], ids=["materialised", "streamed", "auto"])
-@pytest.mark.parametrize("change, error, message", PAD_BAD_INPUTS, ids=["empty", "negative-scale", "nan-teacher-scale", "float64", "int64-teacher", "head-dims", "mixed-dtypes"])
+@pytest.mark.parametrize("change, error, message", PAD_BAD_INPUTS, ids=[
+    "empty", "negative-scale", "nan-teacher-scale", "float64", "int64-teacher", "head-dims", "mixed-dtypes"])
 def test_both_paths_refuse_what_the_streamed_op_refuses(change, error, message, streaming):
     arguments = {"q": _P, "k": _P, "q_teacher": _P, "k_teacher": _P, **change}
     tensors = [arguments.pop(name) for name in ("q", "k", "q_teacher", "k_teacher")]
