@@ -186,10 +186,25 @@ def _parsers(defaults: ExperimentConfig | None) -> tuple[argparse.ArgumentParser
                          help=f"also report to Avalanche loggers, repeatable: {', '.join(LOGGERS)} (files under "
                               "--out; wandb needs the wandb package and a login, or WANDB_MODE=offline)")
     control.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    control.add_argument("--dist-timeout", type=float, default=DIST_TIMEOUT_S, metavar="SECONDS",
+    control.add_argument("--dist-timeout", type=_timeout_seconds, default=DIST_TIMEOUT_S, metavar="SECONDS",
                          help="under torchrun: how long a process waits for the others before it fails, so one "
-                              "that died or hangs stops the run (default: %(default)g)")
+                              "that died or hangs stops the run, > 0 and at most a week (default: %(default)g)")
     return parser, run
+
+
+# The longest --dist-timeout: a week (one process group's collective waits no longer than that).
+MAX_DIST_TIMEOUT_S = 7 * 24 * 3600
+
+
+def _timeout_seconds(text: str) -> float:
+    """``--dist-timeout``'s value: a number of seconds, > 0 and at most :data:`MAX_DIST_TIMEOUT_S`."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds; got {text!r}") from None
+    if not 0 < seconds <= MAX_DIST_TIMEOUT_S:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be > 0 and at most {MAX_DIST_TIMEOUT_S:,} seconds (a week); got {text}")
+    return seconds
 
 
 def _given(args: argparse.Namespace) -> dict[str, Any]:

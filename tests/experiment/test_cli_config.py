@@ -153,6 +153,10 @@ def test_configuration_files_are_read_strictly(tmp_path, capsys, suffix, text, m
     (["--experiences", str(2**64)], "experiences must be at most 2**31 - 1"),
     (["--lrr", "0.1"], "unrecognized arguments: --lrr 0.1 (did you mean '--lr'?)"),
     (["--epochs", "x"], "argument --epochs: invalid int value: 'x'"),
+    (["--dist-timeout", "nan"], "argument --dist-timeout: must be > 0 and at most 604,800 seconds (a week); got nan"),
+    (["--dist-timeout", "-1"], "argument --dist-timeout: must be > 0"),
+    (["--dist-timeout", "1e300"], "argument --dist-timeout: must be > 0"),
+    (["--dist-timeout", "soon"], "argument --dist-timeout: expected a number of seconds; got 'soon'"),
     (["--strategies", "naive", "lfw"], "unknown strategy component 'lfw' in 'lfw' (did you mean 'lwf'?)"),
 ])
 def test_bad_values_are_one_line_before_anything_is_written(tmp_path, capsys, args, message):
