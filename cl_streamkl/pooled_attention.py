@@ -27,7 +27,9 @@ def pooled_attention(
     ``per_key_j = Σ_i A_ij`` and ``per_row_i = Σ_j A_ij``: PAD's two pooled vectors. A first
     pass over the keys finds each row's log-sum-exp; a second adds the probabilities up, tile
     by tile (triton) or chunk of query rows by chunk (torch). The backward recomputes them
-    likewise. Extra memory: 8 bytes per query row on the triton backend.
+    likewise. Extra memory: 8 bytes per query row on the triton backend. Non-finite inputs give
+    NaN where :func:`~cl_streamkl.pooled_attention_reference` does: a score of +inf makes its
+    softmax row NaN, and so every ``per_key`` entry of that head.
 
     Args:
         q: queries, (B, H, Nq, D).

@@ -21,8 +21,7 @@ import time
 import types
 import typing
 import warnings
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -33,6 +32,9 @@ from cl_streamkl.experiment.config import LOGGERS, ExperimentConfig, Flag, descr
 from cl_streamkl.experiment.config_checks import suggest
 from cl_streamkl.experiment.data.errors import DataError
 from cl_streamkl.experiment.files import OutputWriteError
+from cl_streamkl.experiment.interrupts import exit_status, sigterm_raises, stopped_by
+from cl_streamkl.experiment.run_folder import after_lost_peer, claimed_folder, continue_with, refuse_used_folder
+from cl_streamkl.kernels.config import get_kernel_options
 
 if TYPE_CHECKING:
     from cl_streamkl.distributed.data_parallel import DataParallel
@@ -185,10 +187,25 @@ def _parsers(defaults: ExperimentConfig | None) -> tuple[argparse.ArgumentParser
                          help=f"also report to Avalanche loggers, repeatable: {', '.join(LOGGERS)} (files under "
                               "--out; wandb needs the wandb package and a login, or WANDB_MODE=offline)")
     control.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    control.add_argument("--dist-timeout", type=float, default=DIST_TIMEOUT_S, metavar="SECONDS",
+    control.add_argument("--dist-timeout", type=_timeout_seconds, default=DIST_TIMEOUT_S, metavar="SECONDS",
                          help="under torchrun: how long a process waits for the others before it fails, so one "
-                              "that died or hangs stops the run (default: %(default)g)")
+                              "that died or hangs stops the run, > 0 and at most a week (default: %(default)g)")
     return parser, run
+
+
+# The longest --dist-timeout: a week (one process group's collective waits no longer than that).
+MAX_DIST_TIMEOUT_S = 7 * 24 * 3600
+
+
+def _timeout_seconds(text: str) -> float:
+    """``--dist-timeout``'s value: a number of seconds, > 0 and at most :data:`MAX_DIST_TIMEOUT_S`."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds; got {text!r}") from None
+    if not 0 < seconds <= MAX_DIST_TIMEOUT_S:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be > 0 and at most {MAX_DIST_TIMEOUT_S:,} seconds (a week); got {text}")
+    return seconds
 
 
 def _given(args: argparse.Namespace) -> dict[str, Any]:
@@ -250,68 +267,20 @@ def _run(args: argparse.Namespace, config: ExperimentConfig) -> int:
     try:
         data_parallel = start_data_parallel(config.device, args.dist_timeout)
     except LostPeerError as err:
-        raise LostPeerError(f"{err}; {_after_lost_peer(config.out, int(os.environ.get('WORLD_SIZE', '1')))}") from err
+        raise LostPeerError(f"{err}; {after_lost_peer(config.out, int(os.environ.get('WORLD_SIZE', '1')))}") from err
     try:
         if config.out is None:
             # Rank 0's clock names the folder: the ranks' clocks may tick apart.
             config.out = data_parallel.broadcast(str(Path("runs") / time.strftime("%Y%m%d-%H%M%S")))
         return _run_processes(args, config, args.resume is not None, data_parallel)
     except LostPeerError as err:
-        raise LostPeerError(f"{err}; {_after_lost_peer(config.out, data_parallel.world_size)}") from err
+        raise LostPeerError(f"{err}; {after_lost_peer(config.out, data_parallel.world_size)}") from err
     finally:
         stop_data_parallel(data_parallel)
 
 
 # The exit status of a data-parallel run that lost one of its processes.
 LOST_PEER_STATUS = 3
-
-
-def _continue_with(out_dir: Path | str, world_size: int) -> str:
-    """The command that resumes the run in ``out_dir`` with ``world_size`` processes."""
-    return (f"torchrun --nproc_per_node {world_size} -m cl_streamkl run --resume {out_dir}" if world_size > 1
-            else f"cl-streamkl run --resume {out_dir}")
-
-
-def _after_lost_peer(out: str | None, world_size: int) -> str:
-    """What to do once a peer is lost: resume the run if its folder holds one, else start again."""
-    from cl_streamkl.experiment.config_file import CONFIG_FILE
-
-    if out is not None and (Path(out) / CONFIG_FILE).exists():
-        return f"stop any process of the run still running, then continue with: {_continue_with(out, world_size)}"
-    return "nothing was written; stop any process of the run still running and start it again"
-
-
-def _refuse_used_folder(out_dir: Path, resume: bool) -> None:
-    """A new run needs a folder that holds no run (``--resume`` continues one)."""
-    from cl_streamkl.experiment.config_file import CONFIG_FILE
-
-    if not resume and (out_dir / CONFIG_FILE).exists():
-        raise ValueError(f"{str(out_dir)!r} already holds a run; pass --resume {out_dir} or another --out")
-
-
-@contextmanager
-def _claimed_folder(out_dir: Path, resume: bool, data_parallel: DataParallel) -> Iterator[None]:
-    """Hold the run folder's lock (rank 0) for the block; every rank stops if it is in use.
-
-    Raises:
-        FolderInUseError: another run holds the folder.
-        ValueError: a new run's folder already holds a run.
-        OutputWriteError: the folder cannot be created.
-    """
-    from cl_streamkl.experiment.run_lock import run_folder_lock
-
-    with ExitStack() as stack:
-        refusal = None
-        if data_parallel.is_main:
-            try:
-                stack.enter_context(run_folder_lock(out_dir))
-                _refuse_used_folder(out_dir, resume)
-            except (ValueError, OutputWriteError) as err:
-                refusal = err
-        refusal = data_parallel.broadcast(refusal)
-        if refusal is not None:
-            raise refusal
-        yield
 
 
 def _run_processes(args: argparse.Namespace, config: ExperimentConfig, resume: bool,
@@ -321,7 +290,7 @@ def _run_processes(args: argparse.Namespace, config: ExperimentConfig, resume: b
     from cl_streamkl.experiment.preflight import check_experiment
 
     out_dir = Path(config.out)
-    _refuse_used_folder(out_dir, resume)
+    refuse_used_folder(out_dir, resume)
     main_rank, world_size = data_parallel.is_main, data_parallel.world_size
     if main_rank:
         processes = f", {world_size} processes" if world_size > 1 else ""
@@ -332,7 +301,7 @@ def _run_processes(args: argparse.Namespace, config: ExperimentConfig, resume: b
     # goes first: it alone downloads missing data.
     with data_parallel.main_first():
         splits = check_experiment(config, args.log, data_parallel)
-    with _claimed_folder(out_dir, resume, data_parallel):
+    with claimed_folder(out_dir, resume, data_parallel):
         if main_rank and not resume:
             write_config(out_dir, config)
         return _train_and_report(args, config, resume, data_parallel, splits)
@@ -351,7 +320,7 @@ def _train_and_report(args: argparse.Namespace, config: ExperimentConfig, resume
 
     out_dir = Path(config.out)
     main_rank, world_size = data_parallel.is_main, data_parallel.world_size
-    continue_with = _continue_with(out_dir, world_size)
+    resume_command = continue_with(out_dir, world_size)
     env = environment(world_size) if main_rank else None  # the code and libraries the run starts with
 
     def warn(message: str) -> None:
@@ -372,14 +341,14 @@ def _train_and_report(args: argparse.Namespace, config: ExperimentConfig, resume
                  f"{config.eval_split} split")
         files = write_results(out_dir, config, results, summary, env, paired, title)
         files += write_plots(summary, out_dir, title, config.scenario)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM (interrupts.Terminated)
         if main_rank:
-            print(f"\ninterrupted; continue with: {continue_with}", file=sys.stderr)
-        return 130
+            print(f"\n{stopped_by(interrupt)}; continue with: {resume_command}", file=sys.stderr)
+        return exit_status(interrupt)
     except OutputWriteError as err:
-        raise OutputWriteError(f"{err}; once it can be written, continue with: {continue_with}") from err
+        raise OutputWriteError(f"{err}; once it can be written, continue with: {resume_command}") from err
     except DataError as err:
-        raise DataError(f"{err}; then continue with: {continue_with}") from err
+        raise DataError(f"{err}; then continue with: {resume_command}") from err
     print("\n" + summary_text(title, summary, paired, config.scenario))
     print("\nwrote " + ", ".join(str(p) for p in files))
     return 0
@@ -395,7 +364,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         Exit status: 0 on success; 1 when a file cannot be written (read-only folder, full
         disk); 2 for invalid arguments, data, configuration or checkpoints, or a run
         folder in use; 3 when another process of a data-parallel run is lost (died, hung
-        past ``--dist-timeout``); 130 when interrupted. Errors are one line on stderr.
+        past ``--dist-timeout``); 130 when interrupted (Ctrl-C) and 143 when terminated
+        (SIGTERM, as a scheduler stops a job), both with the ``--resume`` command once
+        training has started. Errors are one line on stderr.
     """
     quiet_third_party_warnings()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -408,17 +379,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser(base).parse_args(argv)
         # Checked before the run's heavy modules are imported: a misspelt value answers at once.
         config = _resolve(args, base)
+        get_kernel_options()  # the kernels' CL_STREAMKL_* switches, read on first use: refused here if misspelt
     except SystemExit as exit_:  # argparse has printed its message already
         return int(exit_.code or 0)
     except ValueError as err:
         _print_error(err)
         return 2
     try:
-        return _run(args, config)
-    except KeyboardInterrupt:  # before training started: nothing to continue
+        with sigterm_raises():
+            return _run(args, config)
+    except KeyboardInterrupt as interrupt:  # before training started: nothing to continue
         if _rank() == "0":
-            print("\ninterrupted", file=sys.stderr)
-        return 130
+            print(f"\n{stopped_by(interrupt)}", file=sys.stderr)
+        return exit_status(interrupt)
     except ValueError as err:
         _print_error(err)
         return 2

@@ -22,6 +22,7 @@ from typing import Any
 
 from cl_streamkl.experiment.config_checks import check_input_size, check_ranges, check_types, suggest
 from cl_streamkl.experiment.data.names import DATASETS, DOMAIN_SHIFTS, EVAL_SPLITS, SCENARIOS, ClutterOptions
+from cl_streamkl.experiment.stems import STEMS
 
 # What a strategy name combines with "+": "naive" or "joint" alone, or any of these (e.g. "lwf+streamkl").
 STRATEGY_COMPONENTS = ("lwf", "ewc", "replay", "wa", "streamkl", "pad")
@@ -46,8 +47,6 @@ DEFAULT_IMAGE_SIZE = {"digits": 32, "mnist5k": 32, "cifar10": 32, "cifar100": 32
                       "imagefolder": 64}
 CLUTTERED = "cluttered-mnist"
 DEFAULT_CLUTTER = ClutterOptions()
-# How images become tokens (cl_streamkl.experiment.model): timm's patch projection, or early convolutions.
-STEMS = ("patch", "conv")
 # The learning rate within each experience (cl_streamkl.experiment.lr_schedule).
 LR_SCHEDULES = ("constant", "cosine")
 # Fields that do not change what one (strategy, seed) run computes: where files live, which
@@ -71,8 +70,10 @@ class Flag:
         choices: the values allowed (checked for configuration files too).
         metavar: the value's name in the help.
         nargs: argparse ``nargs`` (lists take ``+``).
-        bound: ``"positive"`` (> 0) or ``"non-negative"`` (>= 0) for numbers; checked in
-            :meth:`ExperimentConfig.resolved`, whatever the value's source.
+        bound: ``"positive"`` (> 0) or ``"non-negative"`` (>= 0) for numbers, ``"seed"`` for
+            integers from 0 to 2**64 - 1; checked in :meth:`ExperimentConfig.resolved`,
+            whatever the value's source. Other integers are at most 2**31 - 1 whatever their
+            bound (:data:`~cl_streamkl.experiment.config_checks.MAX_INTEGER`).
         default_help: the default in words, for defaults that depend on other settings.
     """
 
@@ -262,6 +263,8 @@ class ExperimentConfig:
             if f.type == "float":
                 setattr(cfg, f.name, float(getattr(cfg, f.name)))
         check_ranges(cfg)
+        if cfg.val_fraction >= 1:
+            raise ValueError(f"val_fraction must be below 1; got {cfg.val_fraction}")
         clutter = cfg.clutter_options()
         if clutter is not None:
             cfg.canvas, cfg.clutter, cfg.clutter_size = clutter.canvas, clutter.clutter, clutter.clutter_size

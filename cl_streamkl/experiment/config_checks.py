@@ -3,6 +3,10 @@
 A value may come from a flag, a configuration file (JSON or YAML, whose ``null``, lists and
 numbers arrive as they are) or Python; whatever its source, a wrong one is refused with one
 line naming the field, before anything is written.
+
+The checks take any dataclass whose fields carry a ``flag`` in their metadata (an
+:class:`~cl_streamkl.experiment.config.ExperimentConfig`); they import nothing from the
+configuration module, which imports them.
 """
 
 from __future__ import annotations
@@ -16,10 +20,14 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from cl_streamkl.experiment.config import ExperimentConfig
+    from _typeshed import DataclassInstance
 
 # Seeds feed torch.manual_seed, which takes unsigned 64-bit integers.
 SEED_LIMIT = 2**64
+# Every other integer setting (sizes, counts, epochs) is at most the largest 32-bit signed integer:
+# larger ones fit no dataset or buffer a run can hold, and fail deep in Python or torch
+# (islice, tensor sizes) after the run folder is written.
+MAX_INTEGER = 2**31 - 1
 # Larger inputs are refused before anything is built: at 4096 px a batch of 16 RGB images
 # is already 3 GiB of float32, and 65,536 tokens (a 256 × 256 patch grid) is far past the
 # sequence lengths the kernels are benchmarked at.
@@ -85,8 +93,8 @@ def _matches(value: Any, hint: Any) -> bool:
     raise TypeError(f"no check for the annotation {hint!r}")
 
 
-def check_types(config: ExperimentConfig) -> None:
-    """Raise ValueError naming the first field whose value is not of its declared type."""
+def check_types(config: DataclassInstance) -> None:
+    """Raise ValueError naming the first field of ``config`` (a dataclass) whose value is not of its declared type."""
     hints = typing.get_type_hints(type(config))
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
@@ -103,12 +111,15 @@ def _check_number(name: str, value: float, bound: str | None) -> None:
         raise ValueError(f"{name} must be >= 0; got {value}")
     if bound == "seed" and not 0 <= value < SEED_LIMIT:
         raise ValueError(f"{name} must be an integer from 0 to 2**64 - 1; got {value}")
+    if bound != "seed" and isinstance(value, int) and value > MAX_INTEGER:
+        raise ValueError(f"{name} must be at most 2**31 - 1 ({MAX_INTEGER:,}); got {value}")
 
 
-def check_ranges(config: ExperimentConfig) -> None:
+def check_ranges(config: DataclassInstance) -> None:
     """Raise ValueError for a value outside its field's choices or bound, or a number that is not finite.
 
-    Call after :func:`check_types`.
+    ``config`` is a dataclass whose fields carry their :class:`~cl_streamkl.experiment.config.Flag`
+    as ``metadata["flag"]``. Call after :func:`check_types`.
     """
     for f in dataclasses.fields(config):
         flag, value = f.metadata["flag"], getattr(config, f.name)
@@ -120,8 +131,6 @@ def check_ranges(config: ExperimentConfig) -> None:
         for number in value if isinstance(value, list) else [value]:
             if isinstance(number, (int, float)) and not isinstance(number, bool):
                 _check_number(f.name, number, flag.bound)
-    if config.val_fraction >= 1:
-        raise ValueError(f"val_fraction must be below 1; got {config.val_fraction}")
 
 
 def check_input_size(image_size: int, patch_size: int) -> None:

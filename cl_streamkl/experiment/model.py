@@ -9,8 +9,8 @@ from typing import Any
 import timm
 from torch import nn
 
-from cl_streamkl.experiment.config import STEMS
 from cl_streamkl.experiment.conv_stem import ConvStem, stem_convolutions
+from cl_streamkl.experiment.stems import STEMS
 from cl_streamkl.experiment.task_heads import MultiHeadViT
 
 
@@ -73,6 +73,33 @@ def file_architecture(path: str | Path) -> dict[str, int]:
     return found
 
 
+def _first_line(error: BaseException) -> str:
+    """``KeyError: 101``: an exception's type and the first line of its message."""
+    message = str(error).strip()
+    return type(error).__name__ + (f": {message.splitlines()[0]}" if message else "")
+
+
+def _weights_file(pretrained_file: str | Path) -> Path:
+    """The weights file's path, refused in one line if it is missing or empty."""
+    path = Path(pretrained_file).expanduser()
+    if not path.exists():
+        raise ValueError(f"pretrained file {str(path)!r} does not exist")
+    if not path.is_file():
+        raise ValueError(f"pretrained file {str(path)!r} is not a file")
+    if path.stat().st_size == 0:
+        raise ValueError(f"pretrained file {str(path)!r} is empty")
+    return path
+
+
+def _unreadable_weights(path: Path) -> str | None:
+    """Why timm cannot read ``path`` as a state dict (``EOFError``, ...), or None if it can."""
+    try:
+        timm.models.load_state_dict(str(path))
+    except Exception as err:  # noqa: BLE001 - whatever the reader raises, the file is unusable
+        return _first_line(err)
+    return None
+
+
 def _mismatch(name: str, path: Path, model_kwargs: dict[str, Any], patch_size: int, error: RuntimeError) -> str:
     """One line for weights that do not fit: the architecture the file holds and the options that build it."""
     held = file_architecture(path)
@@ -127,7 +154,8 @@ def build_model(
 
     Raises:
         ValueError: unknown name, a model without patch embedding, a size mismatch,
-            a missing weights file, weights that do not fit the architecture,
+            a missing, empty or unreadable weights file, weights that do not fit the
+            architecture, sizes too large to allocate,
             ``model_kwargs`` asking timm to download weights, or a stem the model or
             patch size cannot take.
     """
@@ -141,10 +169,8 @@ def build_model(
                   num_classes=0 if head_sizes is not None else num_classes)
     if stem == "conv":
         kwargs["embed_layer"] = ConvStem
-    if pretrained_file is not None:
-        path = Path(pretrained_file).expanduser()
-        if not path.is_file():
-            raise ValueError(f"pretrained file {str(path)!r} does not exist")
+    path = None if pretrained_file is None else _weights_file(pretrained_file)
+    if path is not None:
         kwargs.update(pretrained=True, pretrained_cfg_overlay={"file": str(path)})
     try:
         model = timm.create_model(name, **kwargs)
@@ -155,8 +181,17 @@ def build_model(
         raise ValueError(
             f"timm model {name!r} does not accept {sorted(kwargs)}: is it a ViT-family model? ({err})"
         ) from err
-    except RuntimeError as err:  # timm lists every mismatched tensor: say what the file holds instead
-        raise ValueError(_mismatch(name, path, model_kwargs or {}, patch_size, err)) from None
+    except Exception as err:  # noqa: BLE001 - said in one line below, or raised again
+        unreadable = None if path is None else _unreadable_weights(path)
+        if unreadable is not None:
+            raise ValueError(f"pretrained file {str(path)!r} cannot be read as weights ({unreadable})") from None
+        if isinstance(err, RuntimeError) and path is not None:  # timm lists every mismatched tensor
+            raise ValueError(_mismatch(name, path, model_kwargs or {}, patch_size, err)) from None
+        if isinstance(err, (RuntimeError, MemoryError, OverflowError)):  # sizes too large to allocate
+            built = " ".join(f"{k}={v}" for k, v in (model_kwargs or {}).items()) or "none"
+            raise ValueError(f"timm model {name!r} cannot be built with --model-kwargs {built}: "
+                             f"{_first_line(err)}") from None
+        raise
     if not hasattr(model, "patch_embed"):
         raise ValueError(f"timm model {name!r} has no patch embedding; use a ViT/DeiT/EVA model")
     return model if head_sizes is None else MultiHeadViT(model, head_sizes)

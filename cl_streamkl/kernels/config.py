@@ -31,12 +31,13 @@ Read them with :func:`get_kernel_options`, change them for the process with
     with kernel_options(autotune=False, forward_exp2="poly3-eighth"):
         loss = attention_kl(q, k, q_teacher, k_teacher)
 
-The environment gives the defaults, read once when this module is imported:
-``CL_STREAMKL_AUTOTUNE``, ``CL_STREAMKL_FAST_LAUNCH`` and ``CL_STREAMKL_GRAD_AFTER_DOT``
-(``0`` turns one off), ``CL_STREAMKL_DETERMINISTIC`` (``1`` turns it on),
-``CL_STREAMKL_FORWARD_EXP2`` and ``CL_STREAMKL_BACKWARD_EXP2`` (a key of
-:data:`EXP2_VARIANTS`), ``CL_STREAMKL_BACKWARD`` (one of :data:`BACKWARDS`). Nothing else in
-the package reads them.
+The environment gives the defaults, read once, when the options are first asked for (so that
+importing the package never fails on them): ``CL_STREAMKL_AUTOTUNE``,
+``CL_STREAMKL_FAST_LAUNCH``, ``CL_STREAMKL_GRAD_AFTER_DOT`` and ``CL_STREAMKL_DETERMINISTIC``
+take ``1``/``0``, ``true``/``false``, ``yes``/``no`` or ``on``/``off`` (any case; empty is
+unset); ``CL_STREAMKL_FORWARD_EXP2`` and ``CL_STREAMKL_BACKWARD_EXP2`` a key of
+:data:`EXP2_VARIANTS`; ``CL_STREAMKL_BACKWARD`` one of :data:`BACKWARDS`. Any other value is
+refused with a ValueError naming the variable. Nothing else in the package reads them.
 """
 
 from __future__ import annotations
@@ -88,24 +89,62 @@ class KernelOptions:
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> KernelOptions:
-        """The options the ``CL_STREAMKL_*`` variables of ``environ`` (default ``os.environ``) name."""
+        """The options the ``CL_STREAMKL_*`` variables of ``environ`` (default ``os.environ``) name.
+
+        Raises:
+            ValueError: a variable holds a value it does not take (one line naming it).
+        """
         environ = os.environ if environ is None else environ
         return cls(
-            autotune=environ.get("CL_STREAMKL_AUTOTUNE", "1") != "0",
-            fast_launch=environ.get("CL_STREAMKL_FAST_LAUNCH", "1") != "0",
-            forward_exp2=environ.get("CL_STREAMKL_FORWARD_EXP2", "hardware"),
-            backward_exp2=environ.get("CL_STREAMKL_BACKWARD_EXP2", "hardware"),
-            grad_after_dot=environ.get("CL_STREAMKL_GRAD_AFTER_DOT", "1") != "0",
-            backward=environ.get("CL_STREAMKL_BACKWARD", "split"),
-            deterministic=environ.get("CL_STREAMKL_DETERMINISTIC", "0") == "1",
+            autotune=_switch(environ, "CL_STREAMKL_AUTOTUNE", True),
+            fast_launch=_switch(environ, "CL_STREAMKL_FAST_LAUNCH", True),
+            forward_exp2=_choice(environ, "CL_STREAMKL_FORWARD_EXP2", "hardware", tuple(EXP2_VARIANTS)),
+            backward_exp2=_choice(environ, "CL_STREAMKL_BACKWARD_EXP2", "hardware", tuple(EXP2_VARIANTS)),
+            grad_after_dot=_switch(environ, "CL_STREAMKL_GRAD_AFTER_DOT", True),
+            backward=_choice(environ, "CL_STREAMKL_BACKWARD", "split", BACKWARDS),
+            deterministic=_switch(environ, "CL_STREAMKL_DETERMINISTIC", False),
         )
 
 
-_current = KernelOptions.from_environment()
+# The spellings of a switch shells and CI files use; anything else is refused, not read as one of them.
+_SWITCH_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
+                 "off": False}
+
+
+def _switch(environ: Mapping[str, str], name: str, default: bool) -> bool:
+    """The switch variable ``name`` (``default`` when unset or empty)."""
+    text = environ.get(name, "").strip()
+    if not text:
+        return default
+    value = _SWITCH_WORDS.get(text.lower())
+    if value is None:
+        raise ValueError(f"environment variable {name} must be 1/0, true/false, yes/no or on/off; got {text!r}")
+    return value
+
+
+def _choice(environ: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
+    """The variable ``name``, one of ``choices`` in any case (``default`` when unset or empty)."""
+    text = environ.get(name, "").strip()
+    if not text:
+        return default
+    if text.lower() not in choices:
+        raise ValueError(f"environment variable {name} must be one of {', '.join(choices)}; got {text!r}")
+    return text.lower()
+
+
+# Read from the environment on first use (get_kernel_options), not at import.
+_current: KernelOptions | None = None
 
 
 def get_kernel_options() -> KernelOptions:
-    """The options the launchers use now."""
+    """The options the launchers use now; the first call reads them from the environment.
+
+    Raises:
+        ValueError: a ``CL_STREAMKL_*`` variable holds a value it does not take (one line naming it).
+    """
+    global _current
+    if _current is None:
+        _current = KernelOptions.from_environment()
     return _current
 
 
@@ -114,10 +153,11 @@ def set_kernel_options(**fields: bool | str) -> KernelOptions:
 
     Raises:
         TypeError: an unknown field, or a switch that is not a bool.
-        ValueError: an exponential variant not in :data:`EXP2_VARIANTS`, a backward not in :data:`BACKWARDS`.
+        ValueError: an exponential variant not in :data:`EXP2_VARIANTS`, a backward not in :data:`BACKWARDS`,
+            or (on first use) a ``CL_STREAMKL_*`` variable that holds a value it does not take.
     """
     global _current
-    previous = _current
+    previous = get_kernel_options()
     _current = dataclasses.replace(previous, **fields)
     return previous
 
@@ -133,6 +173,6 @@ def kernel_options(**fields: bool | str) -> Iterator[KernelOptions]:
     global _current
     previous = set_kernel_options(**fields)
     try:
-        yield _current
+        yield get_kernel_options()
     finally:
         _current = previous

@@ -63,7 +63,10 @@ def _forward(q: torch.Tensor, k32: torch.Tensor, scale: float, squared: bool, ch
     lse = torch.empty_like(per_row)
     for start, stop in _chunks(q.size(2), chunk_size):
         scores = q[:, :, start:stop].float() @ k32.transpose(-1, -2) * scale
-        lse[:, :, start:stop] = torch.logsumexp(scores, dim=-1)
+        # logsumexp gives +inf for a row holding a +inf score, and exp(s - lse) would then be 0 for its
+        # finite scores; the softmax of such a row is NaN (inf - inf), as in the reference and the kernels.
+        chunk_lse = torch.logsumexp(scores, dim=-1)
+        lse[:, :, start:stop] = chunk_lse.masked_fill(chunk_lse == float("inf"), float("nan"))
         pooled = torch.exp(scores - lse[:, :, start:stop, None])
         if squared:
             pooled = pooled.square()

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from cl_streamkl.capture import LayerSpec
+from cl_streamkl.kernels.validation import check_pooled_inputs
 from cl_streamkl.pooled_attention import pooled_attention
 from cl_streamkl.strategies.distiller import AttentionDistiller
 
@@ -127,7 +128,9 @@ def pooled_attention_distance(
     """PAD between the teacher's and the student's attention of one block.
 
     Args:
-        q, k: the student's queries (B, H, Nq, D) and keys (B, H, Nk, D).
+        q, k: the student's queries (B, H, Nq, D) and keys (B, H, Nk, D), as
+            :func:`cl_streamkl.pooled_attention` takes them whatever ``streaming`` says
+            (float32, float16 or bfloat16, one dtype, D <= 256).
         q_teacher, k_teacher: the teacher's, same B, H, Nq, Nk (head dim may differ).
         scale, teacher_scale: softmax scales (default: head dim ** -0.5 of each).
         streaming: True: pool without materialising the maps (:func:`cl_streamkl.pooled_attention`,
@@ -140,8 +143,11 @@ def pooled_attention_distance(
         differentiable w.r.t. every input that requires grad.
 
     Raises:
-        ValueError: the inputs are not 4-D, their batch, heads or lengths differ,
-            ``streaming`` is not True, False or "auto", or the variant is unknown.
+        ValueError: the inputs are not 4-D, their batch, heads or lengths differ, a pair's
+            head dims differ, a tensor is empty, a scale is not a finite number > 0,
+            ``streaming`` is not True, False or "auto", or the variant is unknown; and
+            whatever else :func:`cl_streamkl.pooled_attention` refuses, on either path.
+        TypeError: a dtype other than float32, float16 or bfloat16, or a pair's dtypes differ.
     """
     _check_streaming(streaming)
     _check_variant(variant)
@@ -154,10 +160,15 @@ def pooled_attention_distance(
             f"student q {tuple(q.shape)} / k {tuple(k.shape)} and teacher q {tuple(q_teacher.shape)} / "
             f"k {tuple(k_teacher.shape)} must share batch, heads and lengths"
         )
-    student = _pooled_attention(q, k, q.shape[-1] ** -0.5 if scale is None else scale, streaming, variant)
-    teacher = _pooled_attention(q_teacher, k_teacher,
-                                q_teacher.shape[-1] ** -0.5 if teacher_scale is None else teacher_scale,
-                                streaming, variant)
+    # Both paths take the inputs the streamed op takes, whichever "auto" picks for these lengths.
+    squared = variant == "symmetric"
+    scale = check_pooled_inputs(q, k, scale, squared)
+    try:
+        teacher_scale = check_pooled_inputs(q_teacher, k_teacher, teacher_scale, squared)
+    except (TypeError, ValueError) as err:
+        raise type(err)(f"teacher (q_teacher, k_teacher): {err}") from None
+    student = _pooled_attention(q, k, scale, streaming, variant)
+    teacher = _pooled_attention(q_teacher, k_teacher, teacher_scale, streaming, variant)
     return _distance(teacher, student, variant)
 
 

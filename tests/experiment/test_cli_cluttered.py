@@ -49,7 +49,9 @@ def test_run_on_cluttered_mnist_with_conv_stem_and_cosine_schedule(tmp_path, mon
 
 @pytest.mark.parametrize("options, named", [
     (["--canvas", "20"], "canvas"),
+    (["--canvas", "100000", "--image-size", "64"], "canvas must be 28 to 1024 px"),
     (["--clutter", "-1"], "clutter"),
+    (["--clutter", "1000000000"], "clutter must be 0 to 1024 pieces"),
     (["--canvas", "32", "--clutter-size", "40"], "clutter_size"),
     (["--dataset", "mnist5k", "--canvas", "64"], "canvas"),
     (["--stem", "conv", "--patch-size", "6", "--image-size", "120"], "power of two"),

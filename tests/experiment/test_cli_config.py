@@ -99,6 +99,35 @@ def test_bad_configuration_files_are_one_line_before_anything_is_written(tmp_pat
     assert not out.exists()
 
 
+def _billion_laughs() -> str:
+    """A 1 kB YAML file whose nested aliases expand to 10**9 strings inside model_kwargs."""
+    lines = ["model_kwargs:", '  l0: &l0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"  l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 10)}]" for i in range(1, 9)]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("suffix, text, message", [
+    (".yaml", "batch_size: 8\nepochs: 1\nbatch_size: 16\n", "key 'batch_size' is given twice (line 3)"),
+    (".yml", "model_kwargs:\n  depth: 1\n  depth: 2\n", "key 'depth' is given twice (line 3)"),
+    (".json", '{"lr": 0.1, "epochs": 1, "lr": 0.2}', "key 'lr' is given twice"),
+    (".json", '{"model_kwargs": {"depth": 1, "depth": 2}}', "key 'depth' is given twice"),
+    (".yaml", _billion_laughs(), "aliases (*l0, line 3) are not read in configuration files"),
+    (".yaml", "seeds: &s [1, 2]\nmodel_kwargs: {depth: *s}\n", "aliases (*s, line 2)"),
+    (".json", "[" * 100_000 + "]" * 100_000, "values nested too deeply for a configuration"),
+    (".yaml", "[" * 100_000 + "]" * 100_000, "values nested too deeply for a configuration"),
+    (".json", b"\xff\xfe{}", "not UTF-8 text"),
+])
+def test_configuration_files_are_read_strictly(tmp_path, capsys, suffix, text, message):
+    path = tmp_path / f"settings{suffix}"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    out = tmp_path / "out"
+    start = time.perf_counter()
+    assert cli.main(["run", "--config", str(path), "--out", str(out)]) == 2
+    assert time.perf_counter() - start < 10  # refused, not expanded
+    assert f"{path}: {message}" in one_line_error(capsys)
+    assert not out.exists()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--lr", "nan"], "lr must be a finite number; got nan"),
     (["--lr", "inf"], "lr must be a finite number; got inf"),
@@ -117,8 +146,17 @@ def test_bad_configuration_files_are_one_line_before_anything_is_written(tmp_pat
     (["--image-size", "100000"], "image_size 100000 is above the largest supported, 4096 px"),
     (["--image-size", "4096", "--patch-size", "8"], "262,144 tokens per image, above the largest supported, 65,536"),
     (["--epochs", "0"], "epochs must be > 0; got 0"),
+    (["--batch-size", "1" + "0" * 26], f"batch_size must be at most 2**31 - 1 (2,147,483,647); got 1{'0' * 26}"),
+    (["--eval-batch-size", str(2**31)], "eval_batch_size must be at most 2**31 - 1"),
+    (["--mem-size", str(2**63)], "mem_size must be at most 2**31 - 1"),
+    (["--epochs", str(2**40)], "epochs must be at most 2**31 - 1"),
+    (["--experiences", str(2**64)], "experiences must be at most 2**31 - 1"),
     (["--lrr", "0.1"], "unrecognized arguments: --lrr 0.1 (did you mean '--lr'?)"),
     (["--epochs", "x"], "argument --epochs: invalid int value: 'x'"),
+    (["--dist-timeout", "nan"], "argument --dist-timeout: must be > 0 and at most 604,800 seconds (a week); got nan"),
+    (["--dist-timeout", "-1"], "argument --dist-timeout: must be > 0"),
+    (["--dist-timeout", "1e300"], "argument --dist-timeout: must be > 0"),
+    (["--dist-timeout", "soon"], "argument --dist-timeout: expected a number of seconds; got 'soon'"),
     (["--strategies", "naive", "lfw"], "unknown strategy component 'lfw' in 'lfw' (did you mean 'lwf'?)"),
 ])
 def test_bad_values_are_one_line_before_anything_is_written(tmp_path, capsys, args, message):

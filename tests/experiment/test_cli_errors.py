@@ -79,6 +79,19 @@ def test_registered_attention_whose_scores_cannot_be_read_is_refused_before_trai
     assert not out.exists()
 
 
+@pytest.mark.parametrize("variable, text", [("CL_STREAMKL_BACKWARD", "banana"), ("CL_STREAMKL_AUTOTUNE", "banana")])
+def test_misspelt_kernel_switch_is_one_line_naming_it(tmp_path, capsys, monkeypatch, variable, text):
+    from cl_streamkl.kernels import config as kernel_config
+
+    monkeypatch.setattr(kernel_config, "_current", None)  # read again from the environment on first use
+    monkeypatch.setenv(variable, text)
+    assert cli.main(["run", "--help"]) == 0 and "--resume" in capsys.readouterr().out
+    rc, out = run_cli(tmp_path, "switch")
+    assert rc == 2
+    assert f"environment variable {variable} must be" in one_line_error(capsys)
+    assert not out.exists()
+
+
 def test_missing_wandb_is_a_clear_error(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)
     rc, out = run_cli(tmp_path, "wandb", "--log", "wandb")
@@ -185,3 +198,29 @@ def test_a_weights_file_builds_the_architecture_the_model_names():
     assert ExperimentConfig().resolved().model_kwargs == {"depth": 4, "embed_dim": 64, "num_heads": 2}
     assert describe_model(ExperimentConfig().resolved()) == (
         "vit_tiny_patch16_224 (depth=4 embed_dim=64 num_heads=2), 32 px, patch 8")
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "is empty"),
+    (b"hello world", "cannot be read as weights (KeyError: 101)"),
+    (b"PK\x03\x04" + b"\0" * 64, "cannot be read as weights"),
+    (None, "is not a file"),
+])
+def test_unreadable_weights_file_is_one_line(tmp_path, capsys, content, message):
+    weights = tmp_path / "w.pth"
+    if content is None:
+        weights.mkdir()
+    else:
+        weights.write_bytes(content)
+    rc, out = run_cli(tmp_path, "w", "--strategies", "naive", "--pretrained-file", str(weights))
+    assert rc == 2
+    assert f"pretrained file {str(weights)!r} {message}" in one_line_error(capsys)
+    assert not out.exists()
+
+
+def test_model_too_large_to_allocate_is_one_line(tmp_path, capsys):
+    rc, out = run_cli(tmp_path, "huge", "--strategies", "naive", "--model-kwargs", "depth=1", f"embed_dim={2**40}",
+                      "num_heads=2")
+    assert rc == 2
+    assert "timm model 'vit_tiny_patch16_224' cannot be built with --model-kwargs depth=1" in one_line_error(capsys)
+    assert not out.exists()

@@ -147,6 +147,26 @@ def test_torch_compile_inductor_fullgraph_on_gpu():
     assert_compiled_matches_eager(loss, (q, k), (q, k))
 
 
+NON_FINITE = [("q", 1, float("inf")), ("q", 2, -float("inf")), ("k", 3, float("inf")), ("q", 0, float("nan"))]
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's NumPy
+@pytest.mark.parametrize("tensor, row, value", NON_FINITE, ids=[f"{t}{r}={v}" for t, r, v in NON_FINITE])
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_non_finite_inputs_give_the_references_nans(backend, variant, tensor, row, value, device):
+    torch.manual_seed(2)
+    q, k = (x.detach() for x in make_inputs((1, 2, 6, 7, 16), torch.float32, device))
+    {"q": q, "k": k}[tensor][0, 1, row, 3] = value
+    ref = pooled_attention_reference(q, k, squared=VARIANTS[variant])
+    out = pooled_attention(q, k, squared=VARIANTS[variant], backend=backend)
+    for vector, ref_vector in zip(out, ref):
+        assert torch.equal(vector.isnan(), ref_vector.isnan())
+        assert ref_vector.isnan().any()
+        finite = ~ref_vector.isnan()
+        assert rel_err(vector[finite], ref_vector[finite]) < 1e-4
+
+
 def test_no_double_backward(device):
     q, k = make_inputs((1, 1, 5, 5, 16), torch.float32, device)
     for backend in BACKENDS:

@@ -229,6 +229,30 @@ def test_pad_distiller_restores_a_state_written_before_the_variants():
         PooledAttentionDistiller(variant="sym")
 
 
+_P = torch.randn(1, 2, 4, 8)
+PAD_BAD_INPUTS = [
+    (dict(q=torch.randn(1, 2, 0, 8), k=torch.randn(1, 2, 0, 8), q_teacher=torch.randn(1, 2, 0, 8),
+          k_teacher=torch.randn(1, 2, 0, 8)), ValueError, "^q must not be empty"),
+    (dict(scale=-0.5), ValueError, "^scale must be a finite number > 0"),
+    (dict(teacher_scale=float("nan")), ValueError, r"^teacher \(q_teacher, k_teacher\): scale must be a finite"),
+    (dict(q=_P.double(), k=_P.double()), TypeError, "^q must be float32, float16 or bfloat16"),
+    (dict(q_teacher=_P.long(), k_teacher=_P.long()), TypeError, r"^teacher .*: q must be float32"),
+    (dict(k=torch.randn(1, 2, 4, 4)), ValueError, "B, H and D must match"),
+    (dict(q_teacher=_P.half()), TypeError, "k has dtype torch.float32 but q has torch.float16"),
+]
+
+
+@pytest.mark.parametrize("streaming", [False, True, "auto"], ids=["materialised", "streamed", "auto"])
+@pytest.mark.parametrize("change, error, message", PAD_BAD_INPUTS, ids=[
+    "empty", "negative-scale", "nan-teacher-scale", "float64", "int64-teacher", "head-dims", "mixed-dtypes"])
+def test_both_paths_refuse_what_the_streamed_op_refuses(change, error, message, streaming):
+    arguments = {"q": _P, "k": _P, "q_teacher": _P, "k_teacher": _P, **change}
+    tensors = [arguments.pop(name) for name in ("q", "k", "q_teacher", "k_teacher")]
+    with pytest.raises(error, match=message) as raised:
+        pooled_attention_distance(*tensors, streaming=streaming, **arguments)
+    assert "\n" not in str(raised.value)
+
+
 def test_pad_errors():
     q = torch.randn(1, 2, 4, 8)
     with pytest.raises(ValueError, match="4-D"):

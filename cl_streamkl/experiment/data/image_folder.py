@@ -34,6 +34,17 @@ def _samples(folder: Path, class_to_idx: dict[str, int]) -> tuple[list[str], lis
     return [p for p, _ in pairs], [t for _, t in pairs]
 
 
+def _refuse_classes_too_small(root: Path, classes: list[str], counts: np.ndarray) -> None:
+    """In the single-folder layout every class gives a test image and keeps a training one: 2 images at least."""
+    small = [f"{name!r} ({count})" for name, count in zip(classes, counts.tolist()) if count < 2]
+    if small:
+        more = f" and {len(small) - 3} more" if len(small) > 3 else ""
+        raise ValueError(
+            f"imagefolder: class folders under {str(root)!r} need at least 2 images each, one or more held out "
+            f"for testing ({TEST_FRACTION:.0%} of each class) and the rest for training; images found: "
+            f"{', '.join(small[:3])}{more}; add images, or give train/ and test/ folders of class folders")
+
+
 def load_image_folder(
     root: str | Path, *, image_size: int, in_chans: int = 3, split_seed: int = 0
 ) -> LabeledSplits:
@@ -49,7 +60,8 @@ def load_image_folder(
         Splits whose labels index the sorted class folder names; images load lazily.
 
     Raises:
-        ValueError: ``root`` is not a directory, has no class folders or no images,
+        ValueError: ``root`` is not a directory, has no class folders or no images, a class
+            of the single-folder layout has fewer than 2 images (one is held out for testing),
             or the train and test folders name different classes;
             :class:`~cl_streamkl.experiment.data.errors.DataError` (a ValueError) for a
             link to a missing file.
@@ -73,8 +85,10 @@ def load_image_folder(
         except FileNotFoundError as err:
             raise ValueError(f"imagefolder: {err}") from err
         paths, targets = _samples(root, class_to_idx)
+        targets_arr = np.asarray(targets, dtype=np.int64)
+        if paths:
+            _refuse_classes_too_small(root, classes, np.bincount(targets_arr, minlength=len(classes)))
         rng = np.random.default_rng(split_seed)
-        targets_arr = np.asarray(targets)
         is_test = np.zeros(len(paths), dtype=bool)
         for cls in range(len(classes)):
             idx = rng.permutation(np.flatnonzero(targets_arr == cls))
@@ -83,8 +97,10 @@ def load_image_folder(
         train_targets = [y for y, t in zip(targets, is_test) if not t]
         test_paths = [p for p, t in zip(paths, is_test) if t]
         test_targets = [y for y, t in zip(targets, is_test) if t]
-    if not train_paths or not test_paths:
-        raise ValueError(f"imagefolder: no images found under {str(root)!r}")
+    for split, split_paths in (("training", train_paths), ("test", test_paths)):
+        if not split_paths:
+            raise ValueError(f"imagefolder: no {split} images found under {str(root)!r} (image files: "
+                             f"{', '.join(IMG_EXTENSIONS)})")
     return LabeledSplits(
         name="imagefolder",
         train=FileImages(train_paths, train_targets, image_size, in_chans=in_chans),

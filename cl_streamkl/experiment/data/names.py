@@ -35,6 +35,12 @@ DATASETS: dict[str, DatasetInfo] = {
 
 # The side of an MNIST digit, which cluttered-mnist places at native scale.
 MNIST_SIDE = 28
+# cluttered-mnist holds all 5,000 canvases in memory as it makes them: 5 GiB of pixels at
+# 1024 px a side, and a 256 × 256 grid of 4-px patches, the most tokens a run takes.
+MAX_CANVAS = 1024
+# Pieces are pasted one by one (5,000 canvases × 1024 pieces is 5 M pastes, seconds);
+# a 128-px canvas is covered by 256 pieces of 8 px.
+MAX_CLUTTER = 1024
 
 
 @dataclass(frozen=True)
@@ -45,8 +51,9 @@ class ClutterOptions:
     values, so a run is refused before anything is generated or written.
 
     Attributes:
-        canvas: side of the square canvas in pixels, at least the digit's 28.
-        clutter: pieces of other digits scattered on each canvas (0 for translation only).
+        canvas: side of the square canvas in pixels, from the digit's 28 to :data:`MAX_CANVAS`.
+        clutter: pieces of other digits scattered on each canvas (0 for translation only), at
+            most :data:`MAX_CLUTTER`.
         clutter_size: side of each piece in pixels, 1 to 28 (a piece is cut from a 28-px
             digit, so it fits on the canvas too).
 
@@ -63,10 +70,11 @@ class ClutterOptions:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise ValueError(f"{name} must be an integer; got {value!r}")
-        if self.canvas < MNIST_SIDE:
-            raise ValueError(f"canvas must be at least {MNIST_SIDE} px (a whole digit fits on it); got {self.canvas}")
-        if self.clutter < 0:
-            raise ValueError(f"clutter must be 0 or more pieces; got {self.clutter}")
+        if not MNIST_SIDE <= self.canvas <= MAX_CANVAS:
+            raise ValueError(f"canvas must be {MNIST_SIDE} to {MAX_CANVAS} px (a whole digit fits on it, and every "
+                             f"canvas is held in memory); got {self.canvas}")
+        if not 0 <= self.clutter <= MAX_CLUTTER:
+            raise ValueError(f"clutter must be 0 to {MAX_CLUTTER} pieces; got {self.clutter}")
         # A piece is cut from a 28-px digit, so it also fits on any canvas allowed above.
         if not 1 <= self.clutter_size <= MNIST_SIDE:
             raise ValueError(f"clutter_size must be 1 to {MNIST_SIDE} px (a piece is cut from a {MNIST_SIDE}-px "

@@ -130,7 +130,9 @@ def test_damaged_cache_is_refused(small_arrays, tmp_path):
 
 @pytest.mark.parametrize("kwargs, argument", [
     ({"canvas": 27}, "canvas"),
+    ({"canvas": 1025}, "canvas"),
     ({"clutter": -1}, "clutter"),
+    ({"clutter": 1025}, "clutter"),
     ({"canvas": 32, "clutter_size": 33}, "clutter_size"),
     ({"clutter_size": 0}, "clutter_size"),
     ({"canvas": 64.0}, "canvas"),

@@ -297,6 +297,20 @@ def test_image_folder_single_level_holds_out_test(tmp_path):
     assert [len(d) for d in stream.val] == [2, 2]
 
 
+@pytest.mark.parametrize("per_class, message", [
+    ([1, 1, 1], "images found: 'c0' (1), 'c1' (1), 'c2' (1);"),
+    ([5, 1, 0, 1, 1, 1], "images found: 'c1' (1), 'c2' (0), 'c3' (1) and 2 more;"),
+])
+def test_image_folder_with_too_few_images_per_class_says_why(tmp_path, per_class, message):
+    for c, count in enumerate(per_class):
+        (tmp_path / f"c{c}").mkdir()
+        for k in range(count):
+            _write_image(tmp_path / f"c{c}" / f"{k}.png", 40 * c)
+    with pytest.raises(ValueError, match="need at least 2 images each") as error:
+        load_splits("imagefolder", data_root=tmp_path, image_size=8)
+    assert message in str(error.value) and "no images found" not in str(error.value)
+
+
 def test_image_folder_errors(tmp_path):
     with pytest.raises(ValueError, match="not a directory|does not exist"):
         load_splits("imagefolder", data_root=tmp_path / "missing", image_size=8)

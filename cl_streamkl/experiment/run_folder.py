@@ -1,0 +1,64 @@
+"""The run folder as the command line claims it: one run per folder, and the command that continues one."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from cl_streamkl.experiment.files import OutputWriteError
+
+if TYPE_CHECKING:
+    from cl_streamkl.distributed.data_parallel import DataParallel
+
+def continue_with(out_dir: Path | str, world_size: int) -> str:
+    """The command that resumes the run in ``out_dir`` with ``world_size`` processes."""
+    return (f"torchrun --nproc_per_node {world_size} -m cl_streamkl run --resume {out_dir}" if world_size > 1
+            else f"cl-streamkl run --resume {out_dir}")
+
+
+def after_lost_peer(out: str | None, world_size: int) -> str:
+    """What to do once a peer is lost: resume the run if its folder holds one, else start again."""
+    from cl_streamkl.experiment.config_file import CONFIG_FILE
+
+    if out is not None and (Path(out) / CONFIG_FILE).exists():
+        return f"stop any process of the run still running, then continue with: {continue_with(out, world_size)}"
+    return "nothing was written; stop any process of the run still running and start it again"
+
+
+def refuse_used_folder(out_dir: Path, resume: bool) -> None:
+    """A new run needs a folder that holds no run (``--resume`` continues one).
+
+    Raises:
+        ValueError: ``out_dir`` holds a run and ``resume`` is False.
+    """
+    from cl_streamkl.experiment.config_file import CONFIG_FILE
+
+    if not resume and (out_dir / CONFIG_FILE).exists():
+        raise ValueError(f"{str(out_dir)!r} already holds a run; pass --resume {out_dir} or another --out")
+
+
+@contextmanager
+def claimed_folder(out_dir: Path, resume: bool, data_parallel: DataParallel) -> Iterator[None]:
+    """Hold the run folder's lock (rank 0) for the block; every rank stops if it is in use.
+
+    Raises:
+        FolderInUseError: another run holds the folder.
+        ValueError: a new run's folder already holds a run.
+        OutputWriteError: the folder cannot be created.
+    """
+    from cl_streamkl.experiment.run_lock import run_folder_lock
+
+    with ExitStack() as stack:
+        refusal = None
+        if data_parallel.is_main:
+            try:
+                stack.enter_context(run_folder_lock(out_dir))
+                refuse_used_folder(out_dir, resume)
+            except (ValueError, OutputWriteError) as err:
+                refusal = err
+        refusal = data_parallel.broadcast(refusal)
+        if refusal is not None:
+            raise refusal
+        yield
