@@ -68,8 +68,8 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return data
 
 
-def _load(path: Path) -> Any:
-    """The data of a YAML (by its suffix) or JSON file.
+def read_data(path: Path) -> Any:
+    """The data of a YAML (by its suffix) or JSON file, read strictly (also what study plans are read with).
 
     Raises:
         ValueError: not UTF-8 text, not valid YAML or JSON, a key given twice, a YAML alias, or
@@ -106,7 +106,7 @@ def read_config_file(path: str | Path) -> ExperimentConfig:
     """
     path = Path(path)
     try:
-        data = _load(path)
+        data = read_data(path)
     except OSError as err:
         raise ValueError(f"cannot read configuration {path}: {err.strerror or err}") from None
     if isinstance(data, dict) and isinstance(data.get("config"), dict) and "runs" in data:

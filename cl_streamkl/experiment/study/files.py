@@ -27,43 +27,6 @@ class StudyFileError(ValueError):
     """A study file that cannot be used; the message is one line naming the file."""
 
 
-def _yaml_loader() -> type:
-    import yaml
-
-    class StrictLoader(yaml.SafeLoader):
-        """Safe YAML that refuses a key given twice and anchors/aliases (a few bytes of nested
-        aliases can expand to gigabytes), and reads ``1e-3`` as a number as YAML 1.2 does."""
-
-        def compose_node(self, parent: Any, index: Any) -> Any:
-            if self.check_event(yaml.AliasEvent):
-                event = self.peek_event()
-                raise yaml.YAMLError(f"aliases (*{event.anchor}) are not read in plan files, line "
-                                     f"{event.start_mark.line + 1}")
-            return super().compose_node(parent, index)
-
-        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-            seen = set()
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=deep)
-                if key in seen:
-                    raise yaml.YAMLError(f"key {key!r} is given twice, line {key_node.start_mark.line + 1}")
-                seen.add(key)
-            return super().construct_mapping(node, deep=deep)
-
-    StrictLoader.add_implicit_resolver(
-        "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-        list("-+0123456789"))
-    return StrictLoader
-
-
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    keys = [key for key, _ in pairs]
-    twice = sorted({key for key in keys if keys.count(key) > 1})
-    if twice:
-        raise ValueError(f"key {twice[0]!r} is given twice")
-    return dict(pairs)
-
-
 def read_mapping(path: Path) -> dict[str, Any]:
     """A YAML (``.yaml``, ``.yml``), TOML (``.toml``) or JSON file holding a mapping.
 
@@ -71,30 +34,34 @@ def read_mapping(path: Path) -> dict[str, Any]:
         StudyFileError: the file is missing, unreadable, not of its format, repeats a key,
             uses YAML aliases, or holds no mapping; one line naming the file.
     """
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as err:
-        raise StudyFileError(f"cannot read {path}: {getattr(err, 'strerror', None) or err}") from None
-    suffix = path.suffix.lower()
-    try:
-        if suffix in (".yaml", ".yml"):
-            import yaml
+    from cl_streamkl.experiment.config_file import read_data
 
-            data = yaml.load(text, Loader=_yaml_loader())  # noqa: S506 - a SafeLoader
-        elif suffix == ".toml":
-            try:
-                import tomllib
-            except ModuleNotFoundError:  # Python 3.10
-                import tomli as tomllib  # type: ignore[no-redef]
-            data = tomllib.loads(text)  # TOML itself refuses a key given twice
+    try:
+        if path.suffix.lower() == ".toml":
+            data = _read_toml(path)
         else:
-            data = json.loads(text, object_pairs_hook=_no_duplicates)
-    except Exception as err:  # each parser's own error type; all mean the same to the user
-        kind = {".yaml": "YAML", ".yml": "YAML", ".toml": "TOML"}.get(suffix, "JSON")
-        raise StudyFileError(f"{path} is not valid {kind} ({' '.join(str(err).split())})") from None
+            data = read_data(path)  # YAML (by its suffix) or JSON: no key twice, no aliases
+    except OSError as err:
+        raise StudyFileError(f"cannot read {path}: {err.strerror or err}") from None
+    except ValueError as err:  # one line naming the file
+        raise StudyFileError(str(err)) from None
     if not isinstance(data, dict):
         raise StudyFileError(f"{path} does not hold a mapping of keys")
     return data
+
+
+def _read_toml(path: Path) -> Any:
+    """A TOML file's data (TOML itself refuses a key given twice); ValueError naming the file."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ValueError(f"{path} is not valid TOML ({' '.join(str(err).split())})") from None
 
 
 def read_json(path: Path, what: str) -> dict[str, Any]:

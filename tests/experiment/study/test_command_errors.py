@@ -133,9 +133,9 @@ def test_bad_input_is_refused_in_one_line_and_nothing_is_written(tmp_path, capsy
 PLAN_CASES = {
     "duplicate seeds": (lambda t: _bad_plan(t, test_seeds=[3, 3]), "test_seeds repeats a seed: [3]"),
     "negative seeds": (lambda t: _bad_plan(t, val_seeds=[-7, 8]), "val_seeds: seeds are integers from 0"),
-    "key twice": (lambda t: _plan_text(t, "regime: a\nregime: b\n"), "key 'regime' is given twice, line 2"),
+    "key twice": (lambda t: _plan_text(t, "regime: a\nregime: b\n"), "key 'regime' is given twice (line 2)"),
     "aliases": (lambda t: _plan_text(t, "settings: &s {epochs: 1}\nother: *s\n"),
-                "aliases (*s) are not read in plan files, line 2"),
+                "aliases (*s, line 2) are not read"),
     "not YAML": (lambda t: _plan_text(t, "regime: [\n"), "is not valid YAML"),
     "unknown key": (lambda t: _bad_plan(t, seeds=[1, 2]), "unknown key 'seeds'; a plan has regime, settings"),
     "unequal grids": (_bad_grid, ("every family needs the same number of settings (equal tuning effort); "

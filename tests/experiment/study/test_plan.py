@@ -66,10 +66,10 @@ def test_a_plan_file_reads_alike_in_yaml_toml_and_json(tmp_path):
 def test_yaml_plans_are_read_strictly(tmp_path):
     path = tmp_path / "plan.yaml"
     path.write_text("regime: a\nregime: b\n")
-    with pytest.raises(StudyFileError, match="key 'regime' is given twice, line 2"):
+    with pytest.raises(StudyFileError, match=r"key 'regime' is given twice \(line 2\)"):
         read_mapping(path)
     path.write_text("a: &x [1, 2]\nb: *x\n")
-    with pytest.raises(StudyFileError, match=r"aliases \(\*x\) are not read"):
+    with pytest.raises(StudyFileError, match=r"aliases \(\*x, line 2\) are not read"):
         read_mapping(path)
     path.write_text("lr: 1e-3\nother: 2.5E+2\nname: 1e3x\n")  # YAML 1.2 numbers, as a user means them
     assert read_mapping(path) == {"lr": 0.001, "other": 250.0, "name": "1e3x"}
