@@ -157,9 +157,10 @@ attention_kl_fwd_op.register_autograd(_op_backward, setup_context=_setup_context
 
 
 def _grouped_setup_context(ctx, inputs, output):
-    q, k, q_teacher, k_teacher, *options, _lse, _lse_teacher = inputs
+    q, k, q_teacher, k_teacher, *options, lse, _lse_teacher = inputs
     ctx.set_materialize_grads(False)
     ctx.mark_non_differentiable(output[1], output[2])
+    ctx.given_lse = len(lse)
     interleaved = [tensor for problem in zip(q, k, q_teacher, k_teacher) for tensor in problem]
     _save_for_backward(ctx, interleaved, output, tuple(options))
 
@@ -173,7 +174,7 @@ def _per_problem(ctx, grads: tuple) -> list[list[torch.Tensor | None]]:
 def _grouped_op_backward(ctx, grad_rows, _grad_lse_student, _grad_lse_teacher):
     # A list input takes a list of gradients, one (or None) per tensor.
     grads = _gradients(ctx, grad_rows, _flat(attention_kl_grouped_bwd_op), grouped=True)
-    return *_per_problem(ctx, grads), *(None,) * 5
+    return *_per_problem(ctx, grads), None, None, None, [None] * ctx.given_lse, [None] * ctx.given_lse
 
 
 attention_kl_grouped_fwd_op.register_autograd(_grouped_op_backward, setup_context=_grouped_setup_context)
