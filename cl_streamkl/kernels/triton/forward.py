@@ -223,11 +223,9 @@ def _attention_kl_grouped_fwd_kernel(
     k_base, stride_kn = table_rows(entry, 1, batch, head, ELEMENT, ALIGNED)
     qt_base, stride_qtn = table_rows(entry, 2, batch, head, ELEMENT, ALIGNED)
     kt_base, stride_ktn = table_rows(entry, 3, batch, head, ELEMENT, ALIGNED)
-    if KNOWN_LSE:
-        lse_s_base, stride_lse_s = table_rows(entry, 4, batch, head, tl.float32, False)
-        lse_t_base, stride_lse_t = table_rows(entry, 5, batch, head, tl.float32, False)
-    else:
-        lse_s_base, stride_lse_s, lse_t_base, stride_lse_t = LSE_S, 0, LSE_T, 0
+    # Zeros in the table without KNOWN_LSE: then _fwd_rows never reads them.
+    lse_s_base, stride_lse_s = table_rows(entry, 4, batch, head, tl.float32, False)
+    lse_t_base, stride_lse_t = table_rows(entry, 5, batch, head, tl.float32, False)
     _fwd_rows(
         q_base, k_base, qt_base, kt_base, stride_qn, stride_kn, stride_qtn, stride_ktn,
         lse_s_base, lse_t_base, stride_lse_s, stride_lse_t,
