@@ -87,6 +87,35 @@ def _fwd_tile_known_lse(
 
 
 @triton.jit
+def _fwd_key_range(
+    q, qt, k_base, kt_base, stride_kn, stride_ktn, rows, cols, dims_s, dims_t, key_start, key_end, n_k, d_s, d_t,
+    scale_s_log2, scale_t_log2, max_s, sum_s, max_t, sum_t, gap,
+    MASKED: tl.constexpr, KNOWN_LSE: tl.constexpr, CAUSAL: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    POLY_EXP2_DEGREE: tl.constexpr, POLY_EXP2_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Key tiles [key_start, key_end) of a query tile; returns the updated running state.
+
+    With KNOWN_LSE, max_s and max_t hold the given log-sum-exps, sum_t accumulates σ and
+    sum_s stays untouched.
+    """
+    for start_n in range(key_start, key_end, BLOCK_N):
+        keys = start_n + cols
+        k = load_rows(k_base, keys, stride_kn, dims_s, n_k, d_s)
+        kt = load_rows(kt_base, keys, stride_ktn, dims_t, n_k, d_t)
+        if KNOWN_LSE:
+            sum_t, gap = _fwd_tile_known_lse(
+                q, qt, k, kt, rows, keys, n_k, scale_s_log2, scale_t_log2, max_t, sum_t, gap,
+                MASKED, CAUSAL, DOT_PRECISION, POLY_EXP2_DEGREE, POLY_EXP2_SPLITS,
+            )
+        else:
+            max_s, sum_s, max_t, sum_t, gap = _fwd_tile(
+                q, qt, k, kt, rows, keys, n_k, scale_s_log2, scale_t_log2,
+                max_s, sum_s, max_t, sum_t, gap, MASKED, CAUSAL, DOT_PRECISION, POLY_EXP2_DEGREE, POLY_EXP2_SPLITS,
+            )
+    return max_s, sum_s, max_t, sum_t, gap
+
+
+@triton.jit
 def _fwd_rows(
     q_base, k_base, qt_base, kt_base,  # row 0 of this (batch, head) in Q, K, QT, KT
     stride_qn, stride_kn, stride_qtn, stride_ktn,
@@ -119,34 +148,16 @@ def _fwd_rows(
         max_t = tl.load(lse_t_in + rows64 * stride_lse_t, mask=row_ok, other=0.0) * 1.4426950408889634
 
     full_end, key_end = key_ranges(pid_m, n_k, CAUSAL, BLOCK_M, BLOCK_N)
-    for start_n in range(0, full_end, BLOCK_N):
-        keys = start_n + cols
-        k = load_rows(k_base, keys, stride_kn, dims_s, n_k, d_s)
-        kt = load_rows(kt_base, keys, stride_ktn, dims_t, n_k, d_t)
-        if KNOWN_LSE:
-            sum_t, gap = _fwd_tile_known_lse(
-                q, qt, k, kt, rows, keys, n_k, scale_s_log2, scale_t_log2, max_t, sum_t, gap,
-                False, CAUSAL, DOT_PRECISION, POLY_EXP2_DEGREE, POLY_EXP2_SPLITS,
-            )
-        else:
-            max_s, sum_s, max_t, sum_t, gap = _fwd_tile(
-                q, qt, k, kt, rows, keys, n_k, scale_s_log2, scale_t_log2,
-                max_s, sum_s, max_t, sum_t, gap, False, CAUSAL, DOT_PRECISION, POLY_EXP2_DEGREE, POLY_EXP2_SPLITS,
-            )
-    for start_n in range(full_end, key_end, BLOCK_N):
-        keys = start_n + cols
-        k = load_rows(k_base, keys, stride_kn, dims_s, n_k, d_s)
-        kt = load_rows(kt_base, keys, stride_ktn, dims_t, n_k, d_t)
-        if KNOWN_LSE:
-            sum_t, gap = _fwd_tile_known_lse(
-                q, qt, k, kt, rows, keys, n_k, scale_s_log2, scale_t_log2, max_t, sum_t, gap,
-                True, CAUSAL, DOT_PRECISION, POLY_EXP2_DEGREE, POLY_EXP2_SPLITS,
-            )
-        else:
-            max_s, sum_s, max_t, sum_t, gap = _fwd_tile(
-                q, qt, k, kt, rows, keys, n_k, scale_s_log2, scale_t_log2,
-                max_s, sum_s, max_t, sum_t, gap, True, CAUSAL, DOT_PRECISION, POLY_EXP2_DEGREE, POLY_EXP2_SPLITS,
-            )
+    max_s, sum_s, max_t, sum_t, gap = _fwd_key_range(
+        q, qt, k_base, kt_base, stride_kn, stride_ktn, rows, cols, dims_s, dims_t, 0, full_end, n_k, d_s, d_t,
+        scale_s_log2, scale_t_log2, max_s, sum_s, max_t, sum_t, gap,
+        False, KNOWN_LSE, CAUSAL, DOT_PRECISION, POLY_EXP2_DEGREE, POLY_EXP2_SPLITS, BLOCK_N,
+    )
+    max_s, sum_s, max_t, sum_t, gap = _fwd_key_range(
+        q, qt, k_base, kt_base, stride_kn, stride_ktn, rows, cols, dims_s, dims_t, full_end, key_end, n_k, d_s, d_t,
+        scale_s_log2, scale_t_log2, max_s, sum_s, max_t, sum_t, gap,
+        True, KNOWN_LSE, CAUSAL, DOT_PRECISION, POLY_EXP2_DEGREE, POLY_EXP2_SPLITS, BLOCK_N,
+    )
 
     # Known: max_s, max_t are the given log-sum-exps and sum_t is σ; the student's sum stays 1.
     if KNOWN_LSE:
