@@ -197,6 +197,8 @@ def main() -> None:
     parser.add_argument("--known-lse", nargs="+", choices=("off", "on"), default=["off", "on"],
                         help="check without (off) and with (on) both log-sum-exps given (default: both)")
     parser.add_argument("--skip-extras", action="store_true", help="only the per-length checks")
+    parser.add_argument("--head-dims", type=int, nargs="*", default=[32, 80, 128, 256],
+                        help="head dims of the extra checks (default 32 80 128 256; none to skip them)")
     parser.add_argument(
         "--commit", default=None, help="commit to print (default: git rev-parse HEAD, which a copied tree may lack)"
     )
@@ -207,7 +209,7 @@ def main() -> None:
     torch.manual_seed(0)
     known = [choice == "on" for choice in args.known_lse]
     checks = [] if args.skip_checks else run_checks(args.lengths, args.dtypes, args.backwards, known,
-                                                    not args.skip_extras)
+                                                    not args.skip_extras, args.head_dims)
     timings = []
     if not args.skip_timing:
         print("\n| impl | mode | ms (1,12,8192,64) bf16 |\n|---|---|---|")
@@ -221,7 +223,8 @@ def main() -> None:
 
 
 def run_checks(
-    lengths: list[int], dtype_names: list[str], backwards: list[str], known: list[bool], extras: bool
+    lengths: list[int], dtype_names: list[str], backwards: list[str], known: list[bool], extras: bool,
+    head_dims: list[int],
 ) -> list[dict]:
     """Print one line per check; return each check's name, errors and verdict."""
     records = []
@@ -240,18 +243,18 @@ def run_checks(
             print(f"{name} fwd_err={result['fwd']:.2e} grad_err={result['grads']:.2e} {'ok' if ok else 'FAIL'}",
                   flush=True)
     if extras:
-        records += run_extra_checks(backwards, known)
+        records += run_extra_checks(backwards, known, head_dims)
     print(f"correctness failures: {sum(not record['ok'] for record in records)}")
     return records
 
 
-def run_extra_checks(backwards: list[str], known: list[bool]) -> list[dict]:
+def run_extra_checks(backwards: list[str], known: list[bool], head_dims: list[int]) -> list[dict]:
     """Head dims (with each of ``backwards``), strided views (values, gradients and their layout), int64
     offsets and torch.compile; return each check's name, errors and verdict."""
     records = []
     bf16_cases = {
         f"D={dim} bf16 {backward}": functools.partial(check_case, 1, 2, 577, dim, torch.bfloat16, teacher_grad=True)
-        for dim in (32, 80, 128, 256) for backward in backwards
+        for dim in head_dims for backward in backwards
     }
     bf16_cases["strided timm views bf16 (grads in the inputs' layout)"] = check_strided_timm_views
     for n, known_lse in ((n, g) for n in (1025, 4097) for g in known):
