@@ -37,6 +37,7 @@ from cl_streamkl.kernels import eager_attention_kl
 from cl_streamkl.kernels.config import BACKWARDS, kernel_options
 
 LENGTHS = (1, 17, 197, 577, 1024, 1025, 4096)
+EXTRA_CHECKS = ("strided", "grouped", "int64", "compile")
 
 
 def given_lse(q, k, q_t, k_t, causal: bool = False) -> dict:
@@ -192,13 +193,15 @@ def main() -> None:
         "--lengths", type=int, nargs="+", default=list(LENGTHS), help=f"sequence lengths checked (default {LENGTHS})"
     )
     parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
-    parser.add_argument("--backwards", nargs="+", choices=BACKWARDS, default=list(BACKWARDS),
-                        help="backward kernels the per-length checks run (default: all)")
+    parser.add_argument("--backwards", nargs="+", choices=BACKWARDS, default=["split", "onepass"],
+                        help="backward kernels the per-length checks run (default: split and onepass)")
     parser.add_argument("--known-lse", nargs="+", choices=("off", "on"), default=["off", "on"],
                         help="check without (off) and with (on) both log-sum-exps given (default: both)")
     parser.add_argument("--skip-extras", action="store_true", help="only the per-length checks")
     parser.add_argument("--head-dims", type=int, nargs="*", default=[32, 80, 128, 256],
                         help="head dims of the extra checks (default 32 80 128 256; none to skip them)")
+    parser.add_argument("--extra-checks", nargs="*", choices=EXTRA_CHECKS, default=list(EXTRA_CHECKS),
+                        help="which other extra checks run (default: all)")
     parser.add_argument(
         "--commit", default=None, help="commit to print (default: git rev-parse HEAD, which a copied tree may lack)"
     )
@@ -209,7 +212,7 @@ def main() -> None:
     torch.manual_seed(0)
     known = [choice == "on" for choice in args.known_lse]
     checks = [] if args.skip_checks else run_checks(args.lengths, args.dtypes, args.backwards, known,
-                                                    not args.skip_extras, args.head_dims)
+                                                    not args.skip_extras, args.head_dims, args.extra_checks)
     timings = []
     if not args.skip_timing:
         print("\n| impl | mode | ms (1,12,8192,64) bf16 |\n|---|---|---|")
@@ -224,7 +227,7 @@ def main() -> None:
 
 def run_checks(
     lengths: list[int], dtype_names: list[str], backwards: list[str], known: list[bool], extras: bool,
-    head_dims: list[int],
+    head_dims: list[int], extra_checks: list[str],
 ) -> list[dict]:
     """Print one line per check; return each check's name, errors and verdict."""
     records = []
@@ -243,12 +246,14 @@ def run_checks(
             print(f"{name} fwd_err={result['fwd']:.2e} grad_err={result['grads']:.2e} {'ok' if ok else 'FAIL'}",
                   flush=True)
     if extras:
-        records += run_extra_checks(backwards, known, head_dims)
+        records += run_extra_checks(backwards, known, head_dims, extra_checks)
     print(f"correctness failures: {sum(not record['ok'] for record in records)}")
     return records
 
 
-def run_extra_checks(backwards: list[str], known: list[bool], head_dims: list[int]) -> list[dict]:
+def run_extra_checks(
+    backwards: list[str], known: list[bool], head_dims: list[int], extra_checks: list[str]
+) -> list[dict]:
     """Head dims (with each of ``backwards``), strided views (values, gradients and their layout), int64
     offsets and torch.compile; return each check's name, errors and verdict."""
     records = []
@@ -256,8 +261,9 @@ def run_extra_checks(backwards: list[str], known: list[bool], head_dims: list[in
         f"D={dim} bf16 {backward}": functools.partial(check_case, 1, 2, 577, dim, torch.bfloat16, teacher_grad=True)
         for dim in head_dims for backward in backwards
     }
-    bf16_cases["strided timm views bf16 (grads in the inputs' layout)"] = check_strided_timm_views
-    for n, known_lse in ((n, g) for n in (1025, 4097) for g in known):
+    if "strided" in extra_checks:
+        bf16_cases["strided timm views bf16 (grads in the inputs' layout)"] = check_strided_timm_views
+    for n, known_lse in ((n, g) for n in (1025, 4097) for g in known if "grouped" in extra_checks):
         bf16_cases[f"grouped 4 blocks 8x2x{n}x32 bf16{' lse given' if known_lse else ''}"] = functools.partial(
             check_grouped, 8, 2, n, 32, known_lse=known_lse)
     for name, check in bf16_cases.items():
@@ -267,6 +273,8 @@ def run_extra_checks(backwards: list[str], known: list[bool], head_dims: list[in
         records.append({"name": name, "fwd_err": result["fwd"], "grad_err": result["grads"], "ok": ok})
         print(f"{name} fwd_err={result['fwd']:.2e} grad_err={result['grads']:.2e} {'ok' if ok else 'FAIL'}")
     for name, check in (("int64 offsets N=131072", check_int64_offsets), ("torch.compile fullgraph", check_compile)):
+        if name.split()[0].replace("torch.", "") not in extra_checks:
+            continue
         err = check()
         ok = err < 1e-4
         records.append({"name": name, "fwd_err": err, "grad_err": None, "ok": ok})

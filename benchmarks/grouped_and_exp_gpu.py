@@ -51,6 +51,7 @@ import triton  # noqa: E402
 import triton.testing  # noqa: E402
 
 from _harness.kl_workloads import log_sum_exps  # noqa: E402
+from _harness.measure import gpu_kernel_times_us  # noqa: E402
 from _harness.report import add_json_flag, write_json  # noqa: E402
 from cl_streamkl import attention_kl, attention_kl_grouped, attention_kl_reference  # noqa: E402
 from cl_streamkl.kernels.config import EXP2_VARIANTS, get_kernel_options, kernel_options, set_kernel_options  # noqa: E402
@@ -96,6 +97,7 @@ class GroupedRow:
     ratio_to_separate: float | None
     bytes_per_row: float | None
     sdpa_backend: str | None = None
+    gpu_ms: float | None = None  # summed device time of the kernels one call launches (CUDA)
 
 
 @dataclass
@@ -258,8 +260,9 @@ def time_grouped(blocks: int, shape, device, warmup_ms: int, rep_ms: int) -> lis
         for mode, fn in (("fwd", forward), ("fwd+bwd", forward_backward)):
             ms = median_ms(fn, device, warmup_ms, rep_ms)
             peak = peak_extra_bytes(fn, device)
+            gpu_ms = sum(gpu_kernel_times_us(fn).values()) / 1e3 if device.type == "cuda" else None
             rows.append(GroupedRow(label(shape), impl, mode, ms, None, None if peak is None else peak / rows_per_call,
-                                   backend if impl.startswith("sdpa") else None))
+                                   backend if impl.startswith("sdpa") else None, gpu_ms))
     for row in rows:
         reference = next(r for r in rows if r.mode == row.mode and r.impl == f"attention_kl x{blocks}")
         row.ratio_to_separate = row.ms / reference.ms
@@ -339,10 +342,12 @@ def print_tables(blocks: int, checks: list[Check], grouped: list[GroupedRow], va
               f"  {'ok' if c.passed else 'FAIL'}")
     print(f"\n(b) {blocks} blocks, bf16, median ms; ratio to the separate attention_kl calls; "
           "peak bytes allocated per query row")
-    print(f"{'shape':<16}{'impl':<34}{'mode':<9}{'ms':>9}{'ratio':>8}{'B/row':>9}  sdpa backend")
+    print(f"{'shape':<16}{'impl':<34}{'mode':<9}{'ms':>9}{'ratio':>8}{'B/row':>9}{'GPU ms':>9}  sdpa backend")
     for r in grouped:
         per_row = "" if r.bytes_per_row is None else f"{r.bytes_per_row:.0f}"
-        print(f"{r.shape:<16}{r.impl:<34}{r.mode:<9}{r.ms:>9.3f}{r.ratio_to_separate:>8.2f}{per_row:>9}  {r.sdpa_backend or ''}")
+        gpu = "" if r.gpu_ms is None else f"{r.gpu_ms:.3f}"
+        print(f"{r.shape:<16}{r.impl:<34}{r.mode:<9}{r.ms:>9.3f}{r.ratio_to_separate:>8.2f}{per_row:>9}{gpu:>9}"
+              f"  {r.sdpa_backend or ''}")
     print("\n(c) kernel variants, bf16, median ms (speedup over hardware); error against float64 on two heads")
     print(f"{'shape':<16}{'variant':<29}{'fwd':>17}{'bwd':>17}{'fwd+bwd':>17}{'kl err':>10}{'dq err':>10}{'dk err':>10}")
     for r in variants:

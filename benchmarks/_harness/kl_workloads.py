@@ -1,8 +1,9 @@
 """What the kernel benchmark times: problems, the implementations bound to their inputs, and
 the extra memory of one call.
 
-Implementations: ``triton`` and ``torch`` (``attention_kl`` with that backend), ``triton_onepass``
-(the triton backend with the one-pass backward, ``kernel_options(backward="onepass")``),
+Implementations: ``triton`` and ``torch`` (``attention_kl`` with that backend; ``triton`` with the
+split backward, ``kernel_options(backward="split")``), ``triton_onepass`` (the triton backend with
+the one-pass backward, ``kernel_options(backward="onepass")``),
 ``triton_lse`` and ``triton_lse_onepass`` (the same handed both log-sum-exps, as the models'
 attention computes them: :func:`log_sum_exps`, outside the timed call), ``eager`` (both
 maps materialised, ``cl_streamkl.kernels.eager_attention_kl``), ``compiled`` (its
@@ -20,7 +21,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from _harness.measure import PeakMemory
-from _harness.options import DTYPES, KL_IMPLEMENTATIONS, Shape, shape_label
+from _harness.options import DTYPES, Shape, shape_label
 from cl_streamkl import attention_kl
 from cl_streamkl.kernels import eager_attention_kl
 from cl_streamkl.kernels.config import kernel_options
@@ -171,15 +172,15 @@ def make_workload(impl: str, problem: Problem, inputs: dict[str, torch.Tensor]) 
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     q_teacher, k_teacher = inputs["q_teacher"], inputs["k_teacher"]
     causal = problem.causal
-    if impl in KL_IMPLEMENTATIONS:
+    if impl == "torch":
         return Workload(
             leaves=[q, k],
             forward=lambda: attention_kl(q, k, q_teacher, k_teacher, causal=causal, backend=impl),
             backward=_backward_scalar,
         )
-    if impl == ONE_PASS or impl in KNOWN_LSE:
+    if impl in ("triton", ONE_PASS, *KNOWN_LSE):
         lse = given_lse(inputs, causal) if impl in KNOWN_LSE else {}
-        backward_kind = "split" if impl == "triton_lse" else "onepass"
+        backward_kind = "onepass" if impl.endswith("onepass") else "split"
 
         def forward() -> torch.Tensor:
             return attention_kl(q, k, q_teacher, k_teacher, causal=causal, backend="triton", **lse)

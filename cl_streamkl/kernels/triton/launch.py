@@ -16,7 +16,7 @@ import torch
 import triton.language as tl
 
 from cl_streamkl.kernels.backward_inputs import BackwardInputs
-from cl_streamkl.kernels.config import get_kernel_options
+from cl_streamkl.kernels.config import ONE_PASS_MAX_HEAD_DIM, ONE_PASS_MIN_LENGTH, get_kernel_options
 from cl_streamkl.kernels.triton.backward import (
     _attention_kl_bwd_dk_kernel,
     _attention_kl_bwd_dq_kernel,
@@ -127,10 +127,19 @@ def forward_constants(dtype: torch.dtype, d_s: int, d_t: int, causal: bool, know
     )
 
 
-def one_pass_backward() -> bool:
-    """Whether the backward runs as one key-side kernel that also adds up dq (see ``kernels.config``)."""
+def one_pass_backward(n_q: int, n_k: int, head_dim: int, causal: bool) -> bool:
+    """Whether the backward runs as one key-side kernel that also adds up dq (see ``kernels.config``).
+
+    Args:
+        n_q, n_k: query and key counts; head_dim: the wider of the two head dims; causal: masked.
+    """
     options = get_kernel_options()
-    return options.backward == "onepass" and not options.deterministic
+    if options.deterministic or options.backward == "split":
+        return False
+    if options.backward == "onepass":
+        return True
+    return (not causal and head_dim <= ONE_PASS_MAX_HEAD_DIM
+            and min(n_q, n_k) >= ONE_PASS_MIN_LENGTH)
 
 
 def backward_constants(
@@ -257,7 +266,7 @@ def launch_backward(grad_rows: torch.Tensor, saved: BackwardInputs) -> list[torc
     batch, heads, n_q, d_s = q.shape
     n_k, d_t = k.size(2), q_teacher.size(3)
     grad_rows = grad_rows.float()
-    one_pass = one_pass_backward()
+    one_pass = one_pass_backward(n_q, n_k, max(d_s, d_t), causal)
     grad_q = empty_gradient_for(q)
     grad_k = empty_gradient_for(k)
     if teacher_grad:

@@ -152,7 +152,7 @@ def launch_grouped_backward(grad_rows: torch.Tensor, saved: BackwardInputs) -> l
     batch, heads, n_q, d_s = q[0].shape
     n_k, d_t = k[0].size(2), q_teacher[0].size(3)
     grad_rows = grad_rows.float()
-    one_pass = one_pass_backward()
+    one_pass = one_pass_backward(n_q, n_k, max(d_s, d_t), causal)
     grad_q = [empty_gradient_for(tensor) for tensor in q]
     grad_k = [empty_gradient_for(tensor) for tensor in k]
     if teacher_grad:
