@@ -169,13 +169,13 @@ def attention_kl_grouped(
     """
     options = AttentionKLOptions(temperature=temperature, causal=causal, reduction=reduction, backend=backend)
     checked = check_grouped_inputs(problems, scales=scales, teacher_scales=teacher_scales, options=options)
-    lse, lse_teacher = check_grouped_lse(lse, lse_teacher, problems)
+    given = check_grouped_lse(lse, lse_teacher, problems)
     if _resolve_backend(backend, problems[0][0].device) == "triton":
         from cl_streamkl.kernels.triton import attention_kl_rows_triton_grouped
 
-        row_kl = attention_kl_rows_triton_grouped(problems, checked, lse, lse_teacher)
+        row_kl = attention_kl_rows_triton_grouped(problems, checked, *(given or ()))
     else:
-        given = list(zip(lse, lse_teacher)) or [()] * len(problems)
+        given = list(zip(*given)) if given is not None else [()] * len(problems)
         row_kl = torch.stack([
             attention_kl_rows_torch(*tensors, problem, *known) for tensors, problem, known in zip(problems, checked, given)
         ])

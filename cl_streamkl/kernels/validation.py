@@ -223,15 +223,19 @@ def check_given_lse(
 
 def check_grouped_lse(
     lse: Sequence[torch.Tensor] | None, lse_teacher: Sequence[torch.Tensor] | None, problems: Sequence[Sequence]
-) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """:func:`check_given_lse` for each problem of ``attention_kl_grouped``: two lists, or two empty ones.
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """:func:`check_given_lse` for each problem of ``attention_kl_grouped``; each side stacked.
+
+    Returns:
+        ``(lse, lse_teacher)``, each (L, B, H, Nq) float32 contiguous (one copy of a few bytes per
+        row, so the kernels need no per-problem addresses), or None when neither is given.
 
     Raises:
         TypeError / ValueError: as :func:`check_given_lse`, prefixed with ``problems[l]``, or lists
             whose lengths differ from the number of problems.
     """
     if lse is None and lse_teacher is None:
-        return [], []
+        return None
     if lse is None or lse_teacher is None:
         raise TypeError("lse and lse_teacher go together: pass both log-sum-exps or neither")
     for name, values in (("lse", lse), ("lse_teacher", lse_teacher)):
@@ -239,6 +243,20 @@ def check_grouped_lse(
             raise TypeError(f"{name} must be a sequence of one tensor per problem, got {type(values).__name__}")
         if len(values) != len(problems):
             raise ValueError(f"{name} has {len(values)} entries but there are {len(problems)} problems")
+    q = problems[0][0]
+    expected = (len(problems), *q.shape[:3])
+    stacked = []
+    for values in (lse, lse_teacher):
+        try:
+            tensor = torch.stack(list(values))
+        except (TypeError, RuntimeError):
+            tensor = None
+        if tensor is None or tensor.dtype != torch.float32 or tensor.device != q.device or tensor.shape != expected:
+            break
+        stacked.append(tensor)
+    else:
+        return stacked[0], stacked[1]
+    # Something is off: find the problem and say what, one problem at a time.
     for index, (student, teacher, problem) in enumerate(zip(lse, lse_teacher, problems)):
         if student is None or teacher is None:
             raise TypeError(f"problems[{index}]: lse and lse_teacher must hold a tensor for every problem")
@@ -246,7 +264,7 @@ def check_grouped_lse(
             check_given_lse(student, teacher, problem[0])
         except (TypeError, ValueError) as error:
             raise type(error)(f"problems[{index}]: {error}") from None
-    return list(lse), list(lse_teacher)
+    raise ValueError("lse and lse_teacher must hold one (B, H, Nq) float32 tensor per problem")
 
 
 def check_pooled_inputs(q: torch.Tensor, k: torch.Tensor, scale: float | None, squared: object) -> float:

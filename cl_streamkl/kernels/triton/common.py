@@ -68,12 +68,11 @@ def program_coordinates(length, BLOCK: tl.constexpr, num_heads):
 # The grouped kernels read one row of an int64 table per problem (built by the launcher):
 # TABLE_SCALES float32 bit patterns (the student's and teacher's softmax scale over T in base 2,
 # then in natural units), then four entries per tensor: its address and its batch, head and
-# row strides in elements (0 for a dimension of size 1). Tensors: q, k, q_t, k_t, then in the
-# forward the given log-sum-exps lse_s, lse_t ((B, H, Nq) float32, zeros when none are given),
-# in the backward the gradient outputs dq, dq_t, dk, dk_t.
+# row strides in elements (0 for a dimension of size 1). Tensors: q, k, q_t, k_t, and in the
+# backward the gradient outputs dq, dq_t, dk, dk_t.
 TABLE_SCALES: tl.constexpr = tl.constexpr(4)
 TABLE_TENSOR: tl.constexpr = tl.constexpr(4)
-FORWARD_TABLE_WIDTH: tl.constexpr = tl.constexpr(4 + 6 * 4)
+FORWARD_TABLE_WIDTH: tl.constexpr = tl.constexpr(4 + 4 * 4)
 BACKWARD_TABLE_WIDTH: tl.constexpr = tl.constexpr(4 + 8 * 4)
 
 

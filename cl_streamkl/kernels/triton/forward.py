@@ -218,7 +218,8 @@ def _attention_kl_fwd_kernel(
 
 @triton.jit
 def _attention_kl_grouped_fwd_kernel(
-    TABLE,  # [L, FORWARD_TABLE_WIDTH] int64: per problem scales, q, k, q_t, k_t, lse_s, lse_t (common.table_rows)
+    TABLE,  # [L, FORWARD_TABLE_WIDTH] int64: per problem both base-2 scales, q, k, q_t, k_t (common.table_rows)
+    LSE_S_IN, LSE_T_IN,  # [L, B, H, Nq] float32, contiguous, natural log; read only with KNOWN_LSE
     ROW_KL, LSE_S, LSE_T,  # [L, B, H, Nq] float32, contiguous; the lse in base 2
     batch_size, num_heads, n_q, n_k, d_s, d_t,  # shared by all L problems
     N_Q_BUCKET, N_K_BUCKET,  # autotune keys only
@@ -234,12 +235,9 @@ def _attention_kl_grouped_fwd_kernel(
     k_base, stride_kn = table_rows(entry, 1, batch, head, ELEMENT, ALIGNED)
     qt_base, stride_qtn = table_rows(entry, 2, batch, head, ELEMENT, ALIGNED)
     kt_base, stride_ktn = table_rows(entry, 3, batch, head, ELEMENT, ALIGNED)
-    # Zeros in the table without KNOWN_LSE: then _fwd_rows never reads them.
-    lse_s_base, stride_lse_s = table_rows(entry, 4, batch, head, tl.float32, False)
-    lse_t_base, stride_lse_t = table_rows(entry, 5, batch, head, tl.float32, False)
     _fwd_rows(
         q_base, k_base, qt_base, kt_base, stride_qn, stride_kn, stride_qtn, stride_ktn,
-        lse_s_base, lse_t_base, stride_lse_s, stride_lse_t,
+        LSE_S_IN + pid_bh * n_q, LSE_T_IN + pid_bh * n_q, 1, 1,
         ROW_KL, LSE_S, LSE_T, pid_bh * n_q, pid_m, n_q, n_k, d_s, d_t,
         table_scale(entry, 0), table_scale(entry, 1), KNOWN_LSE, CAUSAL, DOT_PRECISION,
         POLY_EXP2_DEGREE, POLY_EXP2_SPLITS, BLOCK_M, BLOCK_N, BLOCK_DS, BLOCK_DT,

@@ -38,8 +38,7 @@ def _float_bits(value: float) -> int:
 
 
 def _table(
-    tensors: Sequence[Sequence[torch.Tensor]], scales: Sequence[Sequence[float]], width: int,
-    aligned_tensors: int | None = None,
+    tensors: Sequence[Sequence[torch.Tensor]], scales: Sequence[Sequence[float]], width: int
 ) -> tuple[torch.Tensor, bool]:
     """The int64 table of the grouped kernels (``common.table_rows``) on the inputs' device.
 
@@ -47,23 +46,20 @@ def _table(
         tensors: per problem, the tensors whose address and strides the kernels read.
         scales: per problem, the four scales (student and teacher base 2, then natural).
         width: entries per problem; unused entries stay 0.
-        aligned_tensors: how many of each problem's tensors, from the first, ``ALIGNED``
-            speaks of (None: all); the kernels read the others without the hint.
 
     Returns:
         The [L, width] table and whether every address is a multiple of 16 bytes and every
-        stride a multiple of 16 elements (``ALIGNED``), among the tensors it speaks of.
+        stride a multiple of 16 elements (``ALIGNED``).
     """
     values: list[int] = []
     aligned = True
     for problem_tensors, problem_scales in zip(tensors, scales):
         row = [_float_bits(scale) for scale in problem_scales]
-        for index, tensor in enumerate(problem_tensors):
+        for tensor in problem_tensors:
             # The stride of a size-1 dimension is never multiplied by more than 0.
             strides = [stride if size > 1 else 0 for size, stride in zip(tensor.shape[:3], tensor.stride()[:3])]
             row += [tensor.data_ptr(), *strides]
-            if aligned_tensors is None or index < aligned_tensors:
-                aligned = aligned and tensor.data_ptr() % 16 == 0 and all(stride % 16 == 0 for stride in strides)
+            aligned = aligned and tensor.data_ptr() % 16 == 0 and all(stride % 16 == 0 for stride in strides)
         values += row + [0] * (width - len(row))
     device = tensors[0][0].device
     # A pinned host copy travels asynchronously: no host sync per launch.
@@ -93,8 +89,8 @@ def launch_grouped_forward(
     student_scales: Sequence[float],
     teacher_scales: Sequence[float],
     causal: bool,
-    lse: Sequence[torch.Tensor] = (),
-    lse_teacher: Sequence[torch.Tensor] = (),
+    lse: torch.Tensor | None = None,
+    lse_teacher: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run the forward kernel once for L problems of one shape and dtype.
 
@@ -103,8 +99,9 @@ def launch_grouped_forward(
             shapes of :func:`~cl_streamkl.kernels.triton.launch.launch_forward`; strides may
             differ from problem to problem.
         student_scales, teacher_scales: L scales each (scale / T, natural units).
-        lse, lse_teacher: L tensors each or none: the natural log-sum-exps of each problem's
-            score rows, (B, H, Nq) float32, any strides.
+        lse, lse_teacher: both or neither: the natural log-sum-exps of every problem's score
+            rows, (L, B, H, Nq) float32 contiguous (one stacked tensor each: the kernel reads
+            them at the outputs' offsets, with no table entries to build per launch).
 
     Returns:
         row_kl, lse_student, lse_teacher: each (L, B, H, Nq) float32 contiguous, the
@@ -115,12 +112,15 @@ def launch_grouped_forward(
     rows = torch.empty((len(q), batch, heads, n_q), dtype=torch.float32, device=q[0].device)
     lse_student = torch.empty_like(rows)
     lse_teacher_out = torch.empty_like(rows)
-    known_lse = len(lse) > 0
-    tensors = list(zip(q, k, q_teacher, k_teacher, lse, lse_teacher) if known_lse else zip(q, k, q_teacher, k_teacher))
-    table, aligned = _table(tensors, _grouped_scales(student_scales, teacher_scales), FORWARD_TABLE_WIDTH.value, 4)
+    known_lse = lse is not None
+    given = (lse, lse_teacher) if known_lse else (rows, rows)  # never read without KNOWN_LSE
+    table, aligned = _table(
+        list(zip(q, k, q_teacher, k_teacher)), _grouped_scales(student_scales, teacher_scales),
+        FORWARD_TABLE_WIDTH.value,
+    )
     with device_guard(q[0]):
         launch.GROUPED_FORWARD_LAUNCHER(
-            (table, rows, lse_student, lse_teacher_out, batch, heads, n_q, n_k, d_s, d_t,
+            (table, *given, rows, lse_student, lse_teacher_out, batch, heads, n_q, n_k, d_s, d_t,
              length_bucket(n_q), length_bucket(n_k)),
             dict(ELEMENT=TRITON_DTYPES[q[0].dtype], ALIGNED=aligned,
                  **forward_constants(q[0].dtype, d_s, d_t, causal, known_lse)),

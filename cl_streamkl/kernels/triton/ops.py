@@ -66,10 +66,10 @@ def _attention_kl_bwd_fake(grad_rows, *fields):
 
 
 @torch.library.custom_op(
-    "cl_streamkl::attention_kl_grouped_fwd", mutates_args=(), schema=_forward_schema("Tensor[]", "float[]", "Tensor[]")
+    "cl_streamkl::attention_kl_grouped_fwd", mutates_args=(), schema=_forward_schema("Tensor[]", "float[]", "Tensor?")
 )
 def attention_kl_grouped_fwd_op(q, k, q_teacher, k_teacher, student_scales, teacher_scales, causal, lse, lse_teacher):
-    """Custom op around :func:`launch_grouped_forward`; ``lse`` and ``lse_teacher`` empty lists when not given."""
+    """Custom op around :func:`launch_grouped_forward`; ``lse`` and ``lse_teacher`` stacked, (L, B, H, Nq)."""
     return launch_grouped_forward(q, k, q_teacher, k_teacher, student_scales, teacher_scales, causal, lse, lse_teacher)
 
 
@@ -157,10 +157,9 @@ attention_kl_fwd_op.register_autograd(_op_backward, setup_context=_setup_context
 
 
 def _grouped_setup_context(ctx, inputs, output):
-    q, k, q_teacher, k_teacher, *options, lse, _lse_teacher = inputs
+    q, k, q_teacher, k_teacher, *options, _lse, _lse_teacher = inputs
     ctx.set_materialize_grads(False)
     ctx.mark_non_differentiable(output[1], output[2])
-    ctx.given_lse = len(lse)
     interleaved = [tensor for problem in zip(q, k, q_teacher, k_teacher) for tensor in problem]
     _save_for_backward(ctx, interleaved, output, tuple(options))
 
@@ -174,7 +173,7 @@ def _per_problem(ctx, grads: tuple) -> list[list[torch.Tensor | None]]:
 def _grouped_op_backward(ctx, grad_rows, _grad_lse_student, _grad_lse_teacher):
     # A list input takes a list of gradients, one (or None) per tensor.
     grads = _gradients(ctx, grad_rows, _flat(attention_kl_grouped_bwd_op), grouped=True)
-    return *_per_problem(ctx, grads), None, None, None, [None] * ctx.given_lse, [None] * ctx.given_lse
+    return *_per_problem(ctx, grads), *(None,) * 5
 
 
 attention_kl_grouped_fwd_op.register_autograd(_grouped_op_backward, setup_context=_grouped_setup_context)
@@ -243,8 +242,8 @@ def attention_kl_rows_triton(
 def attention_kl_rows_triton_grouped(
     inputs: Sequence[Sequence[torch.Tensor]],
     problems: Sequence[AttentionKLProblem],
-    lse: Sequence[torch.Tensor] = (),
-    lse_teacher: Sequence[torch.Tensor] = (),
+    lse: torch.Tensor | None = None,
+    lse_teacher: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-row KL of L problems of one shape, (L, B, H, Nq) float32: one launch per kernel.
 
@@ -252,12 +251,11 @@ def attention_kl_rows_triton_grouped(
         inputs: per problem (q, k, q_teacher, k_teacher), validated by the caller
             (:func:`cl_streamkl.attention_kl_grouped`): one shape, dtype and device for all.
         problems: per problem its sizes and scales; ``causal`` is the same in all.
-        lse, lse_teacher: per problem the natural log-sum-exps, (B, H, Nq) float32, or empty.
+        lse, lse_teacher: every problem's natural log-sum-exps, (L, B, H, Nq) float32 contiguous, or None.
     """
     student_scales = [problem.student_scale for problem in problems]
     teacher_scales = [problem.teacher_scale for problem in problems]
     causal = problems[0].causal
-    lse, lse_teacher = list(lse), list(lse_teacher)
     if torch.compiler.is_compiling():
         roles = [[problem[index] for problem in inputs] for index in range(4)]
         return attention_kl_grouped_fwd_op(*roles, student_scales, teacher_scales, causal, lse, lse_teacher)[0]
