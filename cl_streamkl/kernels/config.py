@@ -13,7 +13,7 @@ Seven options change how the Triton kernels run, never what they compute beyond 
   adding dq up in float32 with atomics (half the exponentials and products per score, 4·D bytes
   more memory per query row, summation order not fixed). ``"auto"`` takes the one-pass backward
   where it measured faster on the H200: head dims up to 64, no causal mask, at least
-  :data:`ONE_PASS_MIN_LENGTH` queries and keys (4–9 % faster forward+backward from 4096 to 32768
+  :data:`ONE_PASS_MIN_LENGTH` queries and keys (4–7 % faster forward+backward from 4096 to 32768
   tokens, with and without given log-sum-exps); the split kernels elsewhere (slower one-pass
   causal, at head dim 128 and at ViT lengths; docs/tuning-log.md).
 * ``deterministic`` (default off): on, the split kernels run whatever ``backward`` says, so
