@@ -276,6 +276,9 @@ class AttentionDistiller:
             if q_t.dtype != q.dtype:
                 q_t, k_t = q_t.to(q.dtype), k_t.to(q.dtype)
             problems.append((q, k, q_t, k_t, scale, teacher_scale))
+        if type(self).layer_penalties is not AttentionDistiller.layer_penalties:
+            # A subclass with penalties of its own (PooledAttentionDistiller) takes the problems alone.
+            return self.alpha * self.layer_penalties(problems).mean()
         given = known_lse(self.temperature, problems, student_lse, teacher.lse)
         return self.alpha * self.layer_penalties(problems, given).mean()
 

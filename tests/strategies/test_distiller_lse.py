@@ -92,3 +92,20 @@ def test_penalty_with_the_recorded_lse_equals_the_penalty_without(backend: str, 
     (value, grad), (value_lse, grad_lse) = results
     torch.testing.assert_close(value_lse, value, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(grad_lse, grad, rtol=1e-4, atol=1e-8)
+
+
+def test_a_subclass_with_its_own_layer_penalties_gets_the_problems_alone(monkeypatch) -> None:
+    """PooledAttentionDistiller overrides layer_penalties(problems): no log-sum-exps reach it."""
+
+    class Counting(AttentionDistiller):
+        def layer_penalties(self, problems):
+            return torch.zeros(len(problems))
+
+    monkeypatch.setattr(distiller_module, "known_lse", lambda *args: pytest.fail("asked for log-sum-exps"))
+    model = tiny_model("vit", depth=2)
+    distiller = Counting(layers="all", backend="torch")
+    distiller.update_teacher(model)
+    x = torch.randn(2, *IMAGE)
+    with distiller.student_capture(model) as capture:
+        model(x)
+    assert distiller.penalty(x, capture.qk, student_scales=capture.scales, student_lse=capture.lse).item() == 0.0
