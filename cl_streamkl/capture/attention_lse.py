@@ -96,8 +96,9 @@ def attention_with_lse(
         return None
     try:
         result = _run_backend(backend, query, key, value, dropout_p, scale)
-    except (RuntimeError, TypeError):
-        # A torch whose op takes other arguments (2.4's cuDNN op has no attn_bias) falls back.
+    except (RuntimeError, TypeError, ValueError, NotImplementedError):
+        # A torch whose op takes other arguments (2.4's cuDNN op has no attn_bias), or inputs its
+        # kernel refuses after all: SDPA runs as usual and this block has no LSE.
         return None
     if result is None:
         return None
