@@ -8,7 +8,7 @@ columns, rows) into the documents. This module makes those files from what the s
 * ``grouped-known-lse RAW.json``: ``grouped_and_exp_gpu.py --json`` → one row per (shape, mode).
 * ``checks SOURCE...``: the lines ``check_gpu.py`` prints (``NAME fwd_err=… grad_err=… ok``; the
   commit from its header line), for runs cut short before their JSON was written, and the grouped
-  checks of ``grouped_and_exp_gpu.py --json`` files, with a commit column.
+  checks of ``grouped_and_exp_gpu.py --json`` files, the commit in a "measured at" column.
 
 Run from the repository root::
 
@@ -119,14 +119,15 @@ def _grouped_rows(raw: dict[str, Any]) -> list[list[str]]:
 
 
 def check_table(sources: Sequence[Path], title: str, provenance: dict[str, Any]) -> dict[str, Any]:
-    """One row per check of ``sources`` (check logs, grouped JSON files): name, errors, verdict, autotuner, commit."""
+    """One row per check of ``sources`` (check logs, grouped JSON files): name, errors, verdict, autotuner,
+    and the commit it ran at ("measured at")."""
     rows = []
     for path in sources:
         text = path.read_text()
         rows += _grouped_rows(json.loads(text)) if path.suffix == ".json" else _log_rows(text)
     columns = [{"name": "check"}, {"name": "max KL error", "align": "right"},
                {"name": "max gradient error", "align": "right"}, {"name": "result"}, {"name": "autotuner"},
-               {"name": "commit"}]
+               {"name": "measured at"}]
     return {"title": title, **provenance, "columns": columns, "rows": rows}
 
 
