@@ -334,8 +334,8 @@ def format_speedup(value: float | None) -> str:
 
 def print_tables(blocks: int, checks: list[Check], grouped: list[GroupedRow], variants: list[VariantRow]) -> None:
     print("\n(a) correctness, bf16: max over blocks of ‖out − ref‖/‖ref‖ against float64")
-    print(f"{'shape':<16}{'kl grouped':>12}{'kl separate':>13}{'grad grouped':>14}{'grad separate':>15}{'grouped~sep':>13}"
-          f"{'kl lse':>10}{'grad lse':>10}  ok")
+    print(f"{'shape':<16}{'kl grouped':>12}{'kl separate':>13}{'grad grouped':>14}{'grad separate':>15}"
+          f"{'grouped~sep':>13}{'kl lse':>10}{'grad lse':>10}  ok")
     for c in checks:
         print(f"{c.shape:<16}{c.kl_grouped:>12.2e}{c.kl_separate:>13.2e}{c.grad_grouped:>14.2e}{c.grad_separate:>15.2e}"
               f"{c.grouped_vs_separate:>13.2e}{c.kl_grouped_lse:>10.2e}{c.grad_grouped_lse:>10.2e}"
@@ -365,7 +365,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--skip", nargs="+", default=[], choices=["a", "b", "c"], help="parts to leave out")
     parser.add_argument("--warmup-ms", type=int, default=25)
     parser.add_argument("--rep-ms", type=int, default=100)
-    parser.add_argument("--commit", default=None, help="commit to record (default: git rev-parse, which a copied tree may lack)")
+    parser.add_argument("--commit", default=None,
+                        help="commit to record (default: git rev-parse, which a copied tree may lack)")
     add_json_flag(parser, "write checks, timings and environment as JSON")
     return parser.parse_args(argv)
 

@@ -177,7 +177,8 @@ def attention_kl_grouped(
     else:
         given = list(zip(*given)) if given is not None else [()] * len(problems)
         row_kl = torch.stack([
-            attention_kl_rows_torch(*tensors, problem, *known) for tensors, problem, known in zip(problems, checked, given)
+            attention_kl_rows_torch(*tensors, problem, *known)
+            for tensors, problem, known in zip(problems, checked, given)
         ])
     return reduce_rows(row_kl, reduction, grouped=True)
 

@@ -26,6 +26,7 @@ clear error.
 from __future__ import annotations
 
 import weakref
+
 import torch
 import torch.nn.functional as F
 from torch import nn

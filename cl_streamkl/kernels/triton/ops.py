@@ -26,7 +26,9 @@ def _forward_schema(inputs: str, scales: str, lse: str) -> str:
             f"{lse} lse_teacher) -> (Tensor, Tensor, Tensor)")
 
 
-@torch.library.custom_op("cl_streamkl::attention_kl_fwd", mutates_args=(), schema=_forward_schema("Tensor", "float", "Tensor?"))
+@torch.library.custom_op(
+    "cl_streamkl::attention_kl_fwd", mutates_args=(), schema=_forward_schema("Tensor", "float", "Tensor?")
+)
 def attention_kl_fwd_op(q, k, q_teacher, k_teacher, student_scale, teacher_scale, causal, lse, lse_teacher):
     """Custom op around :func:`launch_forward` (opaque to, but traceable by, torch.compile)."""
     return launch_forward(q, k, q_teacher, k_teacher, student_scale, teacher_scale, causal, lse, lse_teacher)
