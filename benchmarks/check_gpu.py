@@ -3,9 +3,11 @@
 Checks, on CUDA, against the float64 materialising reference:
   * bf16 / fp16 / fp32 at N = 1, 17, 197, 577, 1024, 1025, 4096 (values and student gradients;
     the odd lengths run the masked tail tiles), causal and mutual (teacher-gradient) variants,
-    each with the split and the one-pass backward (``--backwards``); head dims 32, 80, 128 and
-    256 with each backward; timm-style strided views; the grouped kernels over 4 blocks of
-    8x2xNx32 at N = 1025 (fixed grouped tiles) and 4097 (the autotuner's path);
+    each with the split and the one-pass backward (``--backwards``), and each with both
+    log-sum-exps given (``lse``, ``lse_teacher`` as fused attention computes them) and without
+    (``--known-lse``); head dims 32, 80, 128 and 256 with each backward; timm-style strided
+    views; the grouped kernels over 4 blocks of 8x2xNx32 at N = 1025 (fixed grouped tiles) and
+    4097 (the autotuner's path), with and without given log-sum-exps;
   * int64 addressing: a strided view whose offsets pass 2**31 elements, at N = 131072;
   * torch.compile(fullgraph=True) through the registered custom ops.
 Then times (1, 12, 8192, 64) bf16 fwd and fwd+bwd beside SDPA and eager PyTorch.
@@ -26,6 +28,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from _harness.kl_workloads import log_sum_exps
 from _harness.measure import median_ms, relative_error
 from _harness.options import DTYPES
 from _harness.report import add_json_flag, describe_environment, environment_line, run_settings, write_json
@@ -34,9 +37,15 @@ from cl_streamkl.kernels import eager_attention_kl
 from cl_streamkl.kernels.config import BACKWARDS, kernel_options
 
 LENGTHS = (1, 17, 197, 577, 1024, 1025, 4096)
+EXTRA_CHECKS = ("strided", "grouped", "int64", "compile")
 
 
-def check_case(batch, heads, n, dim, dtype, causal=False, teacher_grad=False) -> dict:
+def given_lse(q, k, q_t, k_t, causal: bool = False) -> dict:
+    """Both log-sum-exps as the models' fused attention hands them over (float32, natural log)."""
+    return {"lse": log_sum_exps(q, k, causal), "lse_teacher": log_sum_exps(q_t, k_t, causal)}
+
+
+def check_case(batch, heads, n, dim, dtype, causal=False, teacher_grad=False, known_lse=False) -> dict:
     def rand(grad):
         return torch.randn(batch, heads, n, dim, device="cuda", dtype=dtype).requires_grad_(grad)
 
@@ -44,7 +53,8 @@ def check_case(batch, heads, n, dim, dtype, causal=False, teacher_grad=False) ->
     q_t, k_t = rand(teacher_grad), rand(teacher_grad)
     inputs = [q, k] + ([q_t, k_t] if teacher_grad else [])
     ref = attention_kl_reference(q, k, q_t, k_t, causal=causal, reduction="none")
-    out = attention_kl(q, k, q_t, k_t, causal=causal, reduction="none", backend="triton")
+    lse = given_lse(q, k, q_t, k_t, causal) if known_lse else {}
+    out = attention_kl(q, k, q_t, k_t, causal=causal, reduction="none", backend="triton", **lse)
     upstream = torch.randn_like(ref)
     ref_grads = torch.autograd.grad((ref * upstream).sum(), inputs)
     grads = torch.autograd.grad((out * upstream.float()).sum(), inputs)
@@ -54,7 +64,7 @@ def check_case(batch, heads, n, dim, dtype, causal=False, teacher_grad=False) ->
     }
 
 
-def check_grouped(batch: int, heads: int, n: int, dim: int, blocks: int = 4) -> dict:
+def check_grouped(batch: int, heads: int, n: int, dim: int, blocks: int = 4, known_lse: bool = False) -> dict:
     """:func:`attention_kl_grouped` over ``blocks`` bf16 problems (one launch per kernel) against
     float64 per problem: values (reduction "none") and the student gradients under a random
     upstream. Past 2048 tokens the grouped kernels take the autotuner's path, not the fixed
@@ -65,7 +75,11 @@ def check_grouped(batch: int, heads: int, n: int, dim: int, blocks: int = 4) -> 
                           for _ in range(4))
         problems.append((q.requires_grad_(), k.requires_grad_(), q_t, k_t))
     inputs = [tensor for problem in problems for tensor in problem[:2]]
-    out = attention_kl_grouped(problems, reduction="none", backend="triton")
+    lse = {}
+    if known_lse:
+        given = [given_lse(*problem) for problem in problems]
+        lse = {"lse": [g["lse"] for g in given], "lse_teacher": [g["lse_teacher"] for g in given]}
+    out = attention_kl_grouped(problems, reduction="none", backend="triton", **lse)
     upstream = torch.randn_like(out)
     grads = torch.autograd.grad((out * upstream).sum(), inputs)
     fwd_err, grad_err = 0.0, 0.0
@@ -179,9 +193,15 @@ def main() -> None:
         "--lengths", type=int, nargs="+", default=list(LENGTHS), help=f"sequence lengths checked (default {LENGTHS})"
     )
     parser.add_argument("--dtypes", nargs="+", choices=list(DTYPES), default=list(DTYPES))
-    parser.add_argument("--backwards", nargs="+", choices=BACKWARDS, default=list(BACKWARDS),
-                        help="backward kernels the per-length checks run (default: all)")
+    parser.add_argument("--backwards", nargs="+", choices=BACKWARDS, default=["split", "onepass"],
+                        help="backward kernels the per-length checks run (default: split and onepass)")
+    parser.add_argument("--known-lse", nargs="+", choices=("off", "on"), default=["off", "on"],
+                        help="check without (off) and with (on) both log-sum-exps given (default: both)")
     parser.add_argument("--skip-extras", action="store_true", help="only the per-length checks")
+    parser.add_argument("--head-dims", type=int, nargs="*", default=[32, 80, 128, 256],
+                        help="head dims of the extra checks (default 32 80 128 256; none to skip them)")
+    parser.add_argument("--extra-checks", nargs="*", choices=EXTRA_CHECKS, default=list(EXTRA_CHECKS),
+                        help="which other extra checks run (default: all)")
     parser.add_argument(
         "--commit", default=None, help="commit to print (default: git rev-parse HEAD, which a copied tree may lack)"
     )
@@ -190,7 +210,9 @@ def main() -> None:
     environment = describe_environment(torch.device("cuda"), args.commit)
     print("# " + environment_line(environment))
     torch.manual_seed(0)
-    checks = [] if args.skip_checks else run_checks(args.lengths, args.dtypes, args.backwards, not args.skip_extras)
+    known = [choice == "on" for choice in args.known_lse]
+    checks = [] if args.skip_checks else run_checks(args.lengths, args.dtypes, args.backwards, known,
+                                                    not args.skip_extras, args.head_dims, args.extra_checks)
     timings = []
     if not args.skip_timing:
         print("\n| impl | mode | ms (1,12,8192,64) bf16 |\n|---|---|---|")
@@ -203,37 +225,47 @@ def main() -> None:
     sys.exit(1 if any(not check["ok"] for check in checks) else 0)
 
 
-def run_checks(lengths: list[int], dtype_names: list[str], backwards: list[str], extras: bool) -> list[dict]:
+def run_checks(
+    lengths: list[int], dtype_names: list[str], backwards: list[str], known: list[bool], extras: bool,
+    head_dims: list[int], extra_checks: list[str],
+) -> list[dict]:
     """Print one line per check; return each check's name, errors and verdict."""
     records = []
-    for n, dtype_name, backward in ((n, d, b) for n in lengths for d in dtype_names for b in backwards):
+    for n, dtype_name, backward, known_lse in (
+        (n, d, b, g) for n in lengths for d in dtype_names for b in backwards for g in known
+    ):
         dtype = DTYPES[dtype_name]
         for causal, teacher_grad in ((False, False), (True, False), (False, True)):
             with kernel_options(backward=backward):
-                result = check_case(2 if n < 4096 else 1, 2, n, 64, dtype, causal, teacher_grad)
+                result = check_case(2 if n < 4096 else 1, 2, n, 64, dtype, causal, teacher_grad, known_lse)
             bound_fwd, bound_grad = (1e-4, 2e-5) if dtype == torch.float32 else (1e-4, 2e-2)
             ok = result["fwd"] < bound_fwd and result["grads"] < bound_grad
-            name = f"N={n:5d} {dtype_name} {backward:7} causal={causal!s:5} teacher_grad={teacher_grad!s:5}"
+            name = (f"N={n:5d} {dtype_name} {backward:7} causal={causal!s:5} teacher_grad={teacher_grad!s:5}"
+                    f"{' lse given' if known_lse else ''}")
             records.append({"name": name, "fwd_err": result["fwd"], "grad_err": result["grads"], "ok": ok})
             print(f"{name} fwd_err={result['fwd']:.2e} grad_err={result['grads']:.2e} {'ok' if ok else 'FAIL'}",
                   flush=True)
     if extras:
-        records += run_extra_checks(backwards)
+        records += run_extra_checks(backwards, known, head_dims, extra_checks)
     print(f"correctness failures: {sum(not record['ok'] for record in records)}")
     return records
 
 
-def run_extra_checks(backwards: list[str]) -> list[dict]:
+def run_extra_checks(
+    backwards: list[str], known: list[bool], head_dims: list[int], extra_checks: list[str]
+) -> list[dict]:
     """Head dims (with each of ``backwards``), strided views (values, gradients and their layout), int64
     offsets and torch.compile; return each check's name, errors and verdict."""
     records = []
     bf16_cases = {
         f"D={dim} bf16 {backward}": functools.partial(check_case, 1, 2, 577, dim, torch.bfloat16, teacher_grad=True)
-        for dim in (32, 80, 128, 256) for backward in backwards
+        for dim in head_dims for backward in backwards
     }
-    bf16_cases["strided timm views bf16 (grads in the inputs' layout)"] = check_strided_timm_views
-    for n in (1025, 4097):
-        bf16_cases[f"grouped 4 blocks 8x2x{n}x32 bf16"] = functools.partial(check_grouped, 8, 2, n, 32)
+    if "strided" in extra_checks:
+        bf16_cases["strided timm views bf16 (grads in the inputs' layout)"] = check_strided_timm_views
+    for n, known_lse in ((n, g) for n in (1025, 4097) for g in known if "grouped" in extra_checks):
+        bf16_cases[f"grouped 4 blocks 8x2x{n}x32 bf16{' lse given' if known_lse else ''}"] = functools.partial(
+            check_grouped, 8, 2, n, 32, known_lse=known_lse)
     for name, check in bf16_cases.items():
         with kernel_options(backward=name.split()[-1] if name.split()[-1] in BACKWARDS else "split"):
             result = check()
@@ -241,6 +273,8 @@ def run_extra_checks(backwards: list[str]) -> list[dict]:
         records.append({"name": name, "fwd_err": result["fwd"], "grad_err": result["grads"], "ok": ok})
         print(f"{name} fwd_err={result['fwd']:.2e} grad_err={result['grads']:.2e} {'ok' if ok else 'FAIL'}")
     for name, check in (("int64 offsets N=131072", check_int64_offsets), ("torch.compile fullgraph", check_compile)):
+        if name.split()[0].replace("torch.", "") not in extra_checks:
+            continue
         err = check()
         ok = err < 1e-4
         records.append({"name": name, "fwd_err": err, "grad_err": None, "ok": ok})

@@ -8,7 +8,8 @@ Three parts, in this order:
     values and gradients under a random upstream gradient. NaN or Inf stops the script; an
     error over the bound marks the check FAIL and the exit status 1.
 (b) timing (triton.testing.do_bench, median) of fwd and fwd+bwd at the same shapes: 12
-    attention_kl calls, one attention_kl_grouped call, and 12 F.scaled_dot_product_attention
+    attention_kl calls, one attention_kl_grouped call (also handed both models' log-sum-exps,
+    with the split and with the one-pass backward), and 12 F.scaled_dot_product_attention
     calls (the backend SDPA picked is named from the kernels it launched), with the peak
     memory each allocates per query row (fwd: what stays for backward; fwd+bwd: with gradients).
 (c) each variant of cl_streamkl.kernels.config (EXP2_VARIANTS, grad_after_dot) timed in fwd, bwd and fwd+bwd against
@@ -49,6 +50,8 @@ import torch.nn.functional as F  # noqa: E402
 import triton  # noqa: E402
 import triton.testing  # noqa: E402
 
+from _harness.kl_workloads import log_sum_exps  # noqa: E402
+from _harness.measure import gpu_kernel_times_us  # noqa: E402
 from _harness.report import add_json_flag, write_json  # noqa: E402
 from cl_streamkl import attention_kl, attention_kl_grouped, attention_kl_reference  # noqa: E402
 from cl_streamkl.kernels.config import EXP2_VARIANTS, get_kernel_options, kernel_options, set_kernel_options  # noqa: E402
@@ -80,6 +83,8 @@ class Check:
     grad_grouped: float
     grad_separate: float
     grouped_vs_separate: float  # max relative difference, values and gradients
+    kl_grouped_lse: float  # the grouped kernels handed both log-sum-exps
+    grad_grouped_lse: float
     passed: bool
 
 
@@ -92,6 +97,7 @@ class GroupedRow:
     ratio_to_separate: float | None
     bytes_per_row: float | None
     sdpa_backend: str | None = None
+    gpu_ms: float | None = None  # summed device time of the kernels one call launches (CUDA)
 
 
 @dataclass
@@ -165,7 +171,10 @@ def check_grouped(blocks: int, shape, device) -> Check:
     grouped_grads = torch.autograd.grad((grouped * upstream).sum(), inputs)
     separate = torch.stack([attention_kl(*problem, reduction="none", backend="triton") for problem in problems])
     separate_grads = torch.autograd.grad((separate * upstream).sum(), inputs)
-    errors = {"kl_grouped": 0.0, "kl_separate": 0.0, "grad_grouped": 0.0, "grad_separate": 0.0}
+    known = attention_kl_grouped(problems, reduction="none", backend="triton", **given_lse(problems))
+    known_grads = torch.autograd.grad((known * upstream).sum(), inputs)
+    errors = {"kl_grouped": 0.0, "kl_separate": 0.0, "grad_grouped": 0.0, "grad_separate": 0.0,
+              "kl_grouped_lse": 0.0, "grad_grouped_lse": 0.0}
     same = max(rel_err(a, b) for a, b in zip([grouped, *grouped_grads], [separate, *separate_grads]))
     for index, (q, k, q_t, k_t) in enumerate(problems):
         # float32 copies are exact; the reference computes in float64 and returns float32 gradients.
@@ -174,13 +183,23 @@ def check_grouped(blocks: int, shape, device) -> Check:
         ref_grads = torch.autograd.grad((ref * upstream[index].double()).sum(), (q32, k32))
         errors["kl_grouped"] = max(errors["kl_grouped"], rel_err(grouped[index], ref))
         errors["kl_separate"] = max(errors["kl_separate"], rel_err(separate[index], ref))
+        errors["kl_grouped_lse"] = max(errors["kl_grouped_lse"], rel_err(known[index], ref))
         for position, ref_grad in enumerate(ref_grads):
             errors["grad_grouped"] = max(errors["grad_grouped"], rel_err(grouped_grads[2 * index + position], ref_grad))
             errors["grad_separate"] = max(errors["grad_separate"], rel_err(separate_grads[2 * index + position], ref_grad))
+            errors["grad_grouped_lse"] = max(errors["grad_grouped_lse"],
+                                             rel_err(known_grads[2 * index + position], ref_grad))
         del ref, ref_grads, q32, k32
-    passed = (max(errors["kl_grouped"], errors["kl_separate"]) < VALUE_BOUND
-              and max(errors["grad_grouped"], errors["grad_separate"]) < GRAD_BOUND and same < SAME_BOUND)
+    passed = (max(errors["kl_grouped"], errors["kl_separate"], errors["kl_grouped_lse"]) < VALUE_BOUND
+              and max(errors["grad_grouped"], errors["grad_separate"], errors["grad_grouped_lse"]) < GRAD_BOUND
+              and same < SAME_BOUND)
     return Check(label(shape), **errors, grouped_vs_separate=same, passed=passed)
+
+
+def given_lse(problems) -> dict:
+    """Each block's two log-sum-exps, as the models' fused attention hands them over (float32)."""
+    return {"lse": [log_sum_exps(q, k) for q, k, _, _ in problems],
+            "lse_teacher": [log_sum_exps(q_t, k_t) for _, _, q_t, k_t in problems]}
 
 
 def sdpa_backend(q, k, v, device) -> str:
@@ -206,25 +225,44 @@ def time_grouped(blocks: int, shape, device, warmup_ms: int, rep_ms: int) -> lis
     sdpa_inputs = [tensor for block in student for tensor in block]
     ones = torch.ones(blocks, device=device)
     sdpa_ones = [torch.ones_like(q) for q, _, _ in student]
+    lse = given_lse(problems)
+
+    def known(backward: str):
+        def forward():
+            return attention_kl_grouped(problems, backend="triton", **lse)
+
+        def forward_backward():
+            with kernel_options(backward=backward):
+                return torch.autograd.grad(forward(), kl_inputs, grad_outputs=ones)
+
+        return forward, forward_backward
+
     workloads = {
         f"attention_kl x{blocks}": (
             lambda: [attention_kl(*problem, backend="triton") for problem in problems], kl_inputs, None
         ),
         "attention_kl_grouped": (lambda: attention_kl_grouped(problems, backend="triton"), kl_inputs, ones),
+        "attention_kl_grouped lse": known("split"),
+        "attention_kl_grouped lse onepass": known("onepass"),
         f"sdpa x{blocks}": (lambda: [F.scaled_dot_product_attention(*block) for block in student], sdpa_inputs, sdpa_ones),
     }
     rows_per_call = blocks * shape[0] * shape[1] * shape[2]
     backend = sdpa_backend(*student[0], device)
     rows = []
-    for impl, (forward, inputs, grad_outputs) in workloads.items():
-        def forward_backward(forward=forward, inputs=inputs, grad_outputs=grad_outputs):
-            return torch.autograd.grad(forward(), inputs, grad_outputs=grad_outputs)
+    for impl, workload in workloads.items():
+        if len(workload) == 2:
+            forward, forward_backward = workload
+        else:
+            def forward_backward(forward=workload[0], inputs=workload[1], grad_outputs=workload[2]):
+                return torch.autograd.grad(forward(), inputs, grad_outputs=grad_outputs)
 
+            forward = workload[0]
         for mode, fn in (("fwd", forward), ("fwd+bwd", forward_backward)):
             ms = median_ms(fn, device, warmup_ms, rep_ms)
             peak = peak_extra_bytes(fn, device)
+            gpu_ms = sum(gpu_kernel_times_us(fn).values()) / 1e3 if device.type == "cuda" else None
             rows.append(GroupedRow(label(shape), impl, mode, ms, None, None if peak is None else peak / rows_per_call,
-                                   backend if impl.startswith("sdpa") else None))
+                                   backend if impl.startswith("sdpa") else None, gpu_ms))
     for row in rows:
         reference = next(r for r in rows if r.mode == row.mode and r.impl == f"attention_kl x{blocks}")
         row.ratio_to_separate = row.ms / reference.ms
@@ -274,10 +312,10 @@ def time_variants(shape, names, device, warmup_ms: int, rep_ms: int) -> list[Var
     return rows
 
 
-def environment(device: torch.device) -> dict:
+def environment(device: torch.device, commit: str | None = None) -> dict:
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).resolve().parent, check=True).stdout.strip()
+        commit = commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                          cwd=Path(__file__).resolve().parent, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"
     return {
@@ -296,16 +334,20 @@ def format_speedup(value: float | None) -> str:
 
 def print_tables(blocks: int, checks: list[Check], grouped: list[GroupedRow], variants: list[VariantRow]) -> None:
     print("\n(a) correctness, bf16: max over blocks of ‖out − ref‖/‖ref‖ against float64")
-    print(f"{'shape':<16}{'kl grouped':>12}{'kl separate':>13}{'grad grouped':>14}{'grad separate':>15}{'grouped~sep':>13}  ok")
+    print(f"{'shape':<16}{'kl grouped':>12}{'kl separate':>13}{'grad grouped':>14}{'grad separate':>15}"
+          f"{'grouped~sep':>13}{'kl lse':>10}{'grad lse':>10}  ok")
     for c in checks:
         print(f"{c.shape:<16}{c.kl_grouped:>12.2e}{c.kl_separate:>13.2e}{c.grad_grouped:>14.2e}{c.grad_separate:>15.2e}"
-              f"{c.grouped_vs_separate:>13.2e}  {'ok' if c.passed else 'FAIL'}")
+              f"{c.grouped_vs_separate:>13.2e}{c.kl_grouped_lse:>10.2e}{c.grad_grouped_lse:>10.2e}"
+              f"  {'ok' if c.passed else 'FAIL'}")
     print(f"\n(b) {blocks} blocks, bf16, median ms; ratio to the separate attention_kl calls; "
           "peak bytes allocated per query row")
-    print(f"{'shape':<16}{'impl':<24}{'mode':<9}{'ms':>9}{'ratio':>8}{'B/row':>9}  sdpa backend")
+    print(f"{'shape':<16}{'impl':<34}{'mode':<9}{'ms':>9}{'ratio':>8}{'B/row':>9}{'GPU ms':>9}  sdpa backend")
     for r in grouped:
         per_row = "" if r.bytes_per_row is None else f"{r.bytes_per_row:.0f}"
-        print(f"{r.shape:<16}{r.impl:<24}{r.mode:<9}{r.ms:>9.3f}{r.ratio_to_separate:>8.2f}{per_row:>9}  {r.sdpa_backend or ''}")
+        gpu = "" if r.gpu_ms is None else f"{r.gpu_ms:.3f}"
+        print(f"{r.shape:<16}{r.impl:<34}{r.mode:<9}{r.ms:>9.3f}{r.ratio_to_separate:>8.2f}{per_row:>9}{gpu:>9}"
+              f"  {r.sdpa_backend or ''}")
     print("\n(c) kernel variants, bf16, median ms (speedup over hardware); error against float64 on two heads")
     print(f"{'shape':<16}{'variant':<29}{'fwd':>17}{'bwd':>17}{'fwd+bwd':>17}{'kl err':>10}{'dq err':>10}{'dk err':>10}")
     for r in variants:
@@ -323,6 +365,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--skip", nargs="+", default=[], choices=["a", "b", "c"], help="parts to leave out")
     parser.add_argument("--warmup-ms", type=int, default=25)
     parser.add_argument("--rep-ms", type=int, default=100)
+    parser.add_argument("--commit", default=None,
+                        help="commit to record (default: git rev-parse, which a copied tree may lack)")
     add_json_flag(parser, "write checks, timings and environment as JSON")
     return parser.parse_args(argv)
 
@@ -341,7 +385,7 @@ def main(argv=None) -> int:
     names = args.variants or (SMOKE["variants"] if args.smoke else list(VARIANTS))
     if "hardware" not in names:
         names = ["hardware", *names]
-    env = environment(device)
+    env = environment(device, args.commit)
     print(" | ".join(f"{key} {value}" for key, value in env.items()), flush=True)
 
     checks, grouped_rows, variant_rows = [], [], []

@@ -8,7 +8,14 @@ import torch
 from torch import nn
 
 from cl_streamkl.kernels.torch_streaming import attention_kl_rows_torch
-from cl_streamkl.kernels.validation import AttentionKLOptions, check_grouped_inputs, check_inputs, reduce_rows
+from cl_streamkl.kernels.validation import (
+    AttentionKLOptions,
+    check_given_lse,
+    check_grouped_inputs,
+    check_grouped_lse,
+    check_inputs,
+    reduce_rows,
+)
 
 
 def _resolve_backend(backend: str, device: torch.device) -> str:
@@ -37,6 +44,8 @@ def attention_kl(
     causal: bool = False,
     reduction: str = "mean",
     backend: str = "auto",
+    lse: torch.Tensor | None = None,
+    lse_teacher: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """KL(P_teacher ‖ P_student) between two attention distributions, never materialised.
 
@@ -62,6 +71,16 @@ def attention_kl(
         backend: "triton" (fused kernels; CUDA, or CPU under TRITON_INTERPRET=1),
             "torch" (pure-PyTorch streaming over key chunks) or "auto" (triton on
             CUDA, torch otherwise).
+        lse: the student's log-sum-exps, if known: (B, H, Nq) float32 on q's device, any
+            strides, natural log, logsumexp over keys of q kᵀ · scale / temperature. What
+            ``scaled_dot_product_attention``'s fused backends compute for the same q, k and
+            scale at temperature 1 (:class:`~cl_streamkl.capture.QKCapture` records it).
+            Given with ``lse_teacher``, the forward takes one exponential per score instead
+            of two. Treated as a constant: the gradient with respect to q and k is complete
+            without one through ``lse``. A wrong ``lse`` gives a wrong KL; nothing checks it.
+        lse_teacher: the teacher's, likewise; passed together with ``lse``. Errors in it
+            are corrected: the forward renormalises the teacher's probabilities by their
+            sum, so an ``lse_teacher`` off by rounding (or by a constant) costs nothing.
 
     Returns:
         A float32 tensor: (B, H, Nq) for reduction="none", else a scalar. Gradients
@@ -79,20 +98,22 @@ def attention_kl(
         torch.Size([])
     """
     options = AttentionKLOptions(scale, teacher_scale, temperature, causal, reduction, backend)
-    return _attention_kl(q, k, q_teacher, k_teacher, options)
+    return _attention_kl(q, k, q_teacher, k_teacher, options, lse, lse_teacher)
 
 
 def _attention_kl(
-    q: torch.Tensor, k: torch.Tensor, q_teacher: torch.Tensor, k_teacher: torch.Tensor, options: AttentionKLOptions
+    q: torch.Tensor, k: torch.Tensor, q_teacher: torch.Tensor, k_teacher: torch.Tensor, options: AttentionKLOptions,
+    lse: torch.Tensor | None = None, lse_teacher: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`attention_kl` with its options checked already."""
     problem = check_inputs(q, k, q_teacher, k_teacher, options)
+    given = check_given_lse(lse, lse_teacher, q) or ()
     if _resolve_backend(options.backend, q.device) == "triton":
         from cl_streamkl.kernels.triton import attention_kl_rows_triton
 
-        row_kl = attention_kl_rows_triton(q, k, q_teacher, k_teacher, problem)
+        row_kl = attention_kl_rows_triton(q, k, q_teacher, k_teacher, problem, *given)
     else:
-        row_kl = attention_kl_rows_torch(q, k, q_teacher, k_teacher, problem)
+        row_kl = attention_kl_rows_torch(q, k, q_teacher, k_teacher, problem, *given)
     return reduce_rows(row_kl, options.reduction)
 
 
@@ -105,6 +126,8 @@ def attention_kl_grouped(
     causal: bool = False,
     reduction: str = "mean",
     backend: str = "auto",
+    lse: Sequence[torch.Tensor] | None = None,
+    lse_teacher: Sequence[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """:func:`attention_kl` of L problems of one shape at once: the distilled blocks of a model.
 
@@ -127,6 +150,8 @@ def attention_kl_grouped(
         reduction: "none" → (L, B, H, Nq); "sum", "mean" or "batchmean" → (L,), each
             problem reduced as :func:`attention_kl` reduces it.
         backend: "triton", "torch" or "auto", as in :func:`attention_kl`.
+        lse, lse_teacher: None, or L log-sum-exps each, problem l's as :func:`attention_kl`
+            takes them: both or neither.
 
     Returns:
         A float32 tensor, (L, B, H, Nq) or (L,). Gradients flow to every problem's q and k,
@@ -144,14 +169,17 @@ def attention_kl_grouped(
     """
     options = AttentionKLOptions(temperature=temperature, causal=causal, reduction=reduction, backend=backend)
     checked = check_grouped_inputs(problems, scales=scales, teacher_scales=teacher_scales, options=options)
+    given = check_grouped_lse(lse, lse_teacher, problems)
     if _resolve_backend(backend, problems[0][0].device) == "triton":
         from cl_streamkl.kernels.triton import attention_kl_rows_triton_grouped
 
-        row_kl = attention_kl_rows_triton_grouped(problems, checked)
+        row_kl = attention_kl_rows_triton_grouped(problems, checked, *(given or ()))
     else:
-        row_kl = torch.stack(
-            [attention_kl_rows_torch(*tensors, problem) for tensors, problem in zip(problems, checked)]
-        )
+        given = list(zip(*given)) if given is not None else [()] * len(problems)
+        row_kl = torch.stack([
+            attention_kl_rows_torch(*tensors, problem, *known)
+            for tensors, problem, known in zip(problems, checked, given)
+        ])
     return reduce_rows(row_kl, reduction, grouped=True)
 
 
@@ -183,9 +211,11 @@ class AttentionKLDivLoss(nn.Module):
         k: torch.Tensor,
         q_teacher: torch.Tensor,
         k_teacher: torch.Tensor,
+        lse: torch.Tensor | None = None,
+        lse_teacher: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """See :func:`attention_kl` for shapes and the returned value."""
-        return _attention_kl(q, k, q_teacher, k_teacher, self.options)
+        """See :func:`attention_kl` for shapes, the log-sum-exps and the returned value."""
+        return _attention_kl(q, k, q_teacher, k_teacher, self.options, lse, lse_teacher)
 
     def extra_repr(self) -> str:
         options = self.options

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from _harness.kl_workloads import ONE_PASS, Problem, make_inputs
+from _harness.kl_workloads import KNOWN_LSE, ONE_PASS, Problem, given_lse, make_inputs
 from _harness.measure import relative_error
 from _harness.options import KL_IMPLEMENTATIONS
 from cl_streamkl import attention_kl, attention_kl_reference
@@ -69,14 +69,16 @@ def check_problem(problem: Problem, impls: Sequence[str], device: torch.device) 
     reference_dq, reference_dk = torch.autograd.grad((reference_rows * weight).sum(), (q, k))
     results = []
     for impl in impls:
-        if impl in KL_IMPLEMENTATIONS or impl == ONE_PASS:
-            backend = "triton" if impl == ONE_PASS else impl
-            rows = attention_kl(q, k, q_teacher, k_teacher, causal=problem.causal, reduction="none", backend=backend)
+        if impl in KL_IMPLEMENTATIONS or impl == ONE_PASS or impl in KNOWN_LSE:
+            backend = impl if impl in KL_IMPLEMENTATIONS else "triton"
+            lse = given_lse(inputs, problem.causal) if impl in KNOWN_LSE else {}
+            rows = attention_kl(q, k, q_teacher, k_teacher, causal=problem.causal, reduction="none", backend=backend,
+                                **lse)
         elif impl == "eager":
             rows = eager_attention_kl(q, k, q_teacher, k_teacher, causal=problem.causal, reduction="none")
         else:
             continue
-        with kernel_options(backward="onepass" if impl == ONE_PASS else "split"):
+        with kernel_options(backward="onepass" if impl.endswith("onepass") else "split"):
             dq, dk = torch.autograd.grad((rows * weight).sum(), (q, k))
         results.append(
             CheckResult(

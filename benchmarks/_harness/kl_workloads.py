@@ -1,8 +1,11 @@
 """What the kernel benchmark times: problems, the implementations bound to their inputs, and
 the extra memory of one call.
 
-Implementations: ``triton`` and ``torch`` (``attention_kl`` with that backend), ``triton_onepass``
-(the triton backend with the one-pass backward, ``kernel_options(backward="onepass")``), ``eager`` (both
+Implementations: ``triton`` and ``torch`` (``attention_kl`` with that backend; ``triton`` with the
+split backward, ``kernel_options(backward="split")``), ``triton_onepass`` (the triton backend with
+the one-pass backward, ``kernel_options(backward="onepass")``),
+``triton_lse`` and ``triton_lse_onepass`` (the same handed both log-sum-exps, as the models'
+attention computes them: :func:`log_sum_exps`, outside the timed call), ``eager`` (both
 maps materialised, ``cl_streamkl.kernels.eager_attention_kl``), ``compiled`` (its
 ``torch.compile``), ``sdpa`` (SDPA's default backend, named per row) and ``sdpa_fa2`` (SDPA
 pinned to FlashAttention-2).
@@ -18,13 +21,14 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from _harness.measure import PeakMemory
-from _harness.options import DTYPES, KL_IMPLEMENTATIONS, Shape, shape_label
+from _harness.options import DTYPES, Shape, shape_label
 from cl_streamkl import attention_kl
 from cl_streamkl.kernels import eager_attention_kl
 from cl_streamkl.kernels.config import kernel_options
 
 ONE_PASS = "triton_onepass"
-IMPLEMENTATIONS = ("triton", ONE_PASS, "torch", "eager", "compiled", "sdpa", "sdpa_fa2")
+KNOWN_LSE = ("triton_lse", "triton_lse_onepass")
+IMPLEMENTATIONS = ("triton", ONE_PASS, *KNOWN_LSE, "torch", "eager", "compiled", "sdpa", "sdpa_fa2")
 SDPA_IMPLEMENTATIONS = ("sdpa", "sdpa_fa2")
 
 # torch._fused_sdp_choice's answer → the backend's name (torch.nn.attention.SDPBackend order).
@@ -94,8 +98,24 @@ class Workload:
         return sum(t.grad.nbytes for t in self.leaves if t.grad is not None)
 
 
+def log_sum_exps(q: torch.Tensor, k: torch.Tensor, causal: bool = False, rows: int = 1024) -> torch.Tensor:
+    """The natural log-sum-exp of each row of q kᵀ · D^-½ in float32, (B, H, N): what fused SDPA
+    hands back with ``compute_log_sumexp``; ``rows`` query rows at a time, so no (N, N) matrix."""
+    scale = q.size(-1) ** -0.5
+    pieces = []
+    with torch.no_grad():
+        for start in range(0, q.size(2), rows):
+            scores = q[:, :, start:start + rows].float() @ k.float().transpose(-1, -2) * scale
+            if causal:
+                index = torch.arange(start, start + scores.size(2), device=q.device)[:, None]
+                scores = scores.masked_fill(torch.arange(k.size(2), device=q.device)[None, :] > index, float("-inf"))
+            pieces.append(torch.logsumexp(scores, dim=-1))
+    return torch.cat(pieces, dim=-1)
+
+
 def make_inputs(problem: Problem, device: torch.device, seed: int = 0) -> dict[str, torch.Tensor]:
-    """Random student/teacher q, k, SDPA's v and upstream gradient, all (B, H, N, D)."""
+    """Random student/teacher q, k, SDPA's v and upstream gradient, all (B, H, N, D); ``lse`` and
+    ``lse_teacher`` (B, H, N) float32 are made on first use by :func:`given_lse`."""
     generator = torch.Generator(device=device).manual_seed(seed)
 
     def tensor(requires_grad: bool) -> torch.Tensor:
@@ -110,6 +130,14 @@ def make_inputs(problem: Problem, device: torch.device, seed: int = 0) -> dict[s
         "k_teacher": tensor(False),
         "grad_out": tensor(False),
     }
+
+
+def given_lse(inputs: dict[str, torch.Tensor], causal: bool) -> dict[str, torch.Tensor]:
+    """``lse`` and ``lse_teacher`` of ``inputs`` (:func:`log_sum_exps`), made once and kept in ``inputs``."""
+    if "lse" not in inputs:
+        inputs["lse"] = log_sum_exps(inputs["q"], inputs["k"], causal)
+        inputs["lse_teacher"] = log_sum_exps(inputs["q_teacher"], inputs["k_teacher"], causal)
+    return {"lse": inputs["lse"], "lse_teacher": inputs["lse_teacher"]}
 
 
 def _default_sdpa_backend(inputs: dict[str, torch.Tensor], causal: bool) -> str:
@@ -144,18 +172,21 @@ def make_workload(impl: str, problem: Problem, inputs: dict[str, torch.Tensor]) 
     q, k, v = inputs["q"], inputs["k"], inputs["v"]
     q_teacher, k_teacher = inputs["q_teacher"], inputs["k_teacher"]
     causal = problem.causal
-    if impl in KL_IMPLEMENTATIONS:
+    if impl == "torch":
         return Workload(
             leaves=[q, k],
             forward=lambda: attention_kl(q, k, q_teacher, k_teacher, causal=causal, backend=impl),
             backward=_backward_scalar,
         )
-    if impl == ONE_PASS:
+    if impl in ("triton", ONE_PASS, *KNOWN_LSE):
+        lse = given_lse(inputs, causal) if impl in KNOWN_LSE else {}
+        backward_kind = "onepass" if impl.endswith("onepass") else "split"
+
         def forward() -> torch.Tensor:
-            return attention_kl(q, k, q_teacher, k_teacher, causal=causal, backend="triton")
+            return attention_kl(q, k, q_teacher, k_teacher, causal=causal, backend="triton", **lse)
 
         def backward(output: torch.Tensor, retain_graph: bool) -> None:
-            with kernel_options(backward="onepass"):
+            with kernel_options(backward=backward_kind):
                 output.backward(retain_graph=retain_graph)
 
         return Workload(leaves=[q, k], forward=forward, backward=backward)

@@ -48,10 +48,14 @@ class TeacherQK:
     Attributes:
         qk: per selected block (ascending), q (B, H, Nq, D) and k (B, H, Nk, D).
         scales: the softmax scale each of those blocks applies to ``q kᵀ``.
+        lse: per block the log-sum-exp of its score rows where the forward recorded one
+            (:attr:`QKCapture.lse`), else None; None for the whole list when none was recorded
+            (the compiled forward records none).
     """
 
     qk: list[tuple[torch.Tensor, torch.Tensor]]
     scales: list[float]
+    lse: list[torch.Tensor | None] | None = None
 
 
 def check_compile_options(compile_teacher: object) -> dict[str, Any] | None:

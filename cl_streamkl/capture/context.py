@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from cl_streamkl.capture.extractors import RecordQK, Removable, qk_extractor_for, qualified_type_name
+from cl_streamkl.capture.extractors import qk_extractor_for
+from cl_streamkl.capture.hooks import RecordQK, Removable, lse_or_none, qualified_type_name
 from cl_streamkl.capture.layers import LayerSpec, find_attention_modules, resolve_layer_indices
 
 __all__ = ["QKCapture"]
@@ -63,12 +64,13 @@ class QKCapture:
         self.model = model
         self.block_indices: list[int] = resolve_layer_indices(layers, len(modules))
         self.attention_modules: list[nn.Module] = [modules[i] for i in self.block_indices]
-        self._records: list[tuple[torch.Tensor, torch.Tensor, float] | None] = [None] * len(self.block_indices)
+        # (q, k, scale, lse or None) per selected block
+        self._records: list[tuple | None] = [None] * len(self.block_indices)
         self._handles: list[Removable] = []
 
     def _recorder(self, slot: int) -> RecordQK:
-        def record(q: torch.Tensor, k: torch.Tensor, scale: float) -> None:
-            self._records[slot] = (q, k, scale)
+        def record(q: torch.Tensor, k: torch.Tensor, scale: float, lse: torch.Tensor | None = None) -> None:
+            self._records[slot] = (q, k, scale, lse_or_none(lse))
 
         return record
 
@@ -118,7 +120,7 @@ class QKCapture:
         """Drop the recorded tensors (and the autograd graph they keep alive)."""
         self._records = [None] * len(self.block_indices)
 
-    def _complete_records(self) -> list[tuple[torch.Tensor, torch.Tensor, float]]:
+    def _complete_records(self) -> list[tuple[torch.Tensor, torch.Tensor, float, torch.Tensor | None]]:
         missing = [self.block_indices[i] for i, rec in enumerate(self._records) if rec is None]
         if missing:
             raise RuntimeError(
@@ -133,12 +135,22 @@ class QKCapture:
         Exactly the tensors the block multiplies (views with the model's strides and
         autograd graph). Raises ``RuntimeError`` if a selected block has not run.
         """
-        return [(q, k) for q, k, _ in self._complete_records()]
+        return [(q, k) for q, k, _, _ in self._complete_records()]
 
     @property
     def scales(self) -> list[float]:
         """The softmax scale each selected block applies to ``q kᵀ`` (timm: ``D**-0.5``)."""
-        return [scale for _, _, scale in self._complete_records()]
+        return [scale for _, _, scale, _ in self._complete_records()]
+
+    @property
+    def lse(self) -> list[torch.Tensor | None]:
+        """Per selected block the log-sum-exp of its score rows, (B, H, Nq) float32 natural log,
+        where its attention computed one: a fused ``scaled_dot_product_attention`` on CUDA (or
+        the CPU's flash backend with gradients); None elsewhere
+        (:mod:`cl_streamkl.capture.attention_lse`). It belongs to ``q kᵀ · scale`` of the
+        same block, as :func:`cl_streamkl.attention_kl` takes it at temperature 1.
+        """
+        return [lse for _, _, _, lse in self._complete_records()]
 
     def __repr__(self) -> str:
         return f"QKCapture(blocks={self.block_indices}, active={self.active})"

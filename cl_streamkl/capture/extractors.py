@@ -26,8 +26,6 @@ clear error.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Sequence
-from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +35,10 @@ from torch.overrides import TorchFunctionMode
 # GRAPH_READS is looked up through its module at each forward, so a registry swapped in
 # there (tests start from a fresh one) is the one every capture uses.
 from cl_streamkl.capture import graph_reads
-from cl_streamkl.capture.graph_reads import grad_signature, product_from_graph
+from cl_streamkl.capture.attention_lse import attention_with_lse, lse_from_node
+from cl_streamkl.capture.graph_reads import grad_signature, product_from_graph, saved_tensor_hooks_active
+from cl_streamkl.capture.hooks import QKExtractor, RecordQK, Removable, qualified_type_name
+from cl_streamkl.capture.multihead import multihead_attention_extractor
 
 __all__ = [
     "QKExtractor",
@@ -48,22 +49,6 @@ __all__ = [
     "qualified_type_name",
     "register_qk_extractor",
 ]
-
-RecordQK = Callable[[torch.Tensor, torch.Tensor, float], None]
-"""Called by an extractor once per forward of its module with ``(q, k, scale)``:
-q (B, H, Nq, D), k (B, H, Nk, D) and the softmax scale the module applies to ``q kᵀ``."""
-
-
-class Removable(Protocol):
-    """A hook handle: ``remove()`` undoes what was installed."""
-
-    def remove(self) -> None: ...
-
-
-QKExtractor = Callable[[nn.Module, RecordQK], Sequence[Removable]]
-"""Installs whatever hooks it needs on one attention module so that every forward of
-that module calls ``record(q, k, scale)`` exactly once, and returns handles whose
-``remove()`` undoes everything (they are removed even when the forward raised)."""
 
 _EXTRACTORS: dict[type, QKExtractor] = {}
 
@@ -122,12 +107,6 @@ def qk_extractor_for(module: nn.Module) -> QKExtractor | None:
     return _EXTRACTORS.get(type(module))
 
 
-def qualified_type_name(obj: object) -> str:
-    """``module.QualName`` of ``obj``'s type, as error messages name attention classes."""
-    cls = type(obj)
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
 class _ProductWatcher(TorchFunctionMode):
     """Finds the score product inside one forward of one attention module.
 
@@ -147,7 +126,8 @@ class _ProductWatcher(TorchFunctionMode):
     def _reset(self) -> None:
         self.scaled: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.transposed: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self.found: list[tuple[torch.Tensor, torch.Tensor, float]] = []
+        # (q, k, scale, lse or None) of each score product seen
+        self.found: list[tuple[torch.Tensor, torch.Tensor, float, torch.Tensor | None]] = []
         # Manual scores not yet passed to a softmax: anything else they meet first (a mask
         # added, a bias, a masked_fill) makes them more than q kᵀ.
         self.scores: torch.Tensor | None = None
@@ -176,10 +156,10 @@ class _ProductWatcher(TorchFunctionMode):
         kwargs = kwargs or {}
         if self.scores is not None:
             self._check_scores_use(func, args, kwargs)
-        out = func(*args, **kwargs)
         if func is F.scaled_dot_product_attention:
-            self._on_sdpa(args, kwargs)
-        elif func in _MUL_FUNCS and len(args) == 2:
+            return self._on_sdpa(func, args, kwargs)
+        out = func(*args, **kwargs)
+        if func in _MUL_FUNCS and len(args) == 2:
             self._on_mul(args, out)
         elif func in _TRANSPOSE_FUNCS:
             self._on_transpose(args, kwargs, out)
@@ -200,15 +180,25 @@ class _ProductWatcher(TorchFunctionMode):
                 "is_causal or a bias), so q and k alone do not describe them"
             )
 
-    def _on_sdpa(self, args, kwargs) -> None:
-        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
+    def _on_sdpa(self, func, args, kwargs) -> torch.Tensor:
+        """Run the SDPA call (with its log-sum-exp where one is to be had) and note its q, k, scale, lse."""
+        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
         bound = dict(zip(names, args))
         bound.update(kwargs)
         if bound.get("attn_mask") is not None or bound.get("is_causal", False):
             raise self._fail("it passes an attention mask or is_causal=True to scaled_dot_product_attention")
         q, k = bound["query"], bound["key"]
         scale = bound.get("scale")
-        self.found.append((q, k, float(scale) if scale is not None else q.shape[-1] ** -0.5))
+        # Without gradients (a frozen teacher) the fused backend is asked for the LSE it would skip.
+        with_lse = None if bound.get("enable_gqa") else attention_with_lse(
+            q, k, bound["value"], bound.get("dropout_p", 0.0), scale)
+        if with_lse is not None:
+            out, lse = with_lse
+        else:
+            out = func(*args, **kwargs)
+            lse = _saved_lse(out, q)
+        self.found.append((q, k, float(scale) if scale is not None else q.shape[-1] ** -0.5, lse))
+        return out
 
     def _on_mul(self, args, out) -> None:
         scale = self._module_scale()
@@ -230,11 +220,11 @@ class _ProductWatcher(TorchFunctionMode):
     def _on_matmul(self, args, out) -> None:
         a, b = args
         if id(a) in self.scaled and id(b) in self.transposed:
-            self.found.append((self.scaled[id(a)][1], self.transposed[id(b)][1], self._module_scale()))
+            self.found.append((self.scaled[id(a)][1], self.transposed[id(b)][1], self._module_scale(), None))
             self.scores = out
 
-    def finish(self) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """Check the forward produced exactly one score product, record and return it."""
+    def finish(self) -> tuple[torch.Tensor, torch.Tensor, float, torch.Tensor | None]:
+        """Check the forward produced exactly one score product, record and return it (q, k, scale, lse)."""
         found = self.found
         self._reset()
         if len(found) != 1:
@@ -243,14 +233,23 @@ class _ProductWatcher(TorchFunctionMode):
                 f"{what} score products were seen in its forward (expected exactly one "
                 "F.scaled_dot_product_attention(q, k, v) or (q * self.scale) @ k.transpose(-2, -1))"
             )
-        q, k, scale = found[0]
+        q, k, scale, lse = found[0]
         if q.dim() != 4 or k.dim() != 4 or q.shape[:2] != k.shape[:2] or q.shape[-1] != k.shape[-1]:
             raise self._fail(
                 f"the score product has q of shape {tuple(q.shape)} and k of shape {tuple(k.shape)}; "
                 "expected (B, H, Nq, D) and (B, H, Nk, D)"
             )
-        self.record(q, k, scale)
-        return q, k, scale
+        self.record(q, k, scale, lse)
+        return q, k, scale, lse
+
+
+def _saved_lse(out: object, q: torch.Tensor) -> torch.Tensor | None:
+    """The LSE the SDPA node on ``out`` saved for this very ``q``; None without one (or without a graph)."""
+    node = getattr(out, "grad_fn", None)
+    # Under saved-tensor hooks a read would run the unpack hook (a recomputation or a copy).
+    if node is None or saved_tensor_hooks_active() or getattr(node, "_saved_query", None) is not q:
+        return None
+    return lse_from_node(node, q.size(2))
 
 
 class _WatcherHandle:
@@ -362,9 +361,6 @@ def _ensure_defaults() -> None:
     if _DEFAULTS_REGISTERED:
         return
     _DEFAULTS_REGISTERED = True
-    # Imported here: multihead builds on this module.
-    from cl_streamkl.capture.multihead import multihead_attention_extractor
-
     _EXTRACTORS.setdefault(nn.MultiheadAttention, multihead_attention_extractor)
     try:
         import timm.layers

@@ -26,7 +26,12 @@ from contextlib import AbstractContextManager, contextmanager
 import torch
 from torch import nn
 
-__all__ = ["GRAPH_READS", "GraphReadRegistry", "grad_signature", "graph_reads_disabled", "product_from_graph"]
+from cl_streamkl.capture.attention_lse import lse_from_node
+
+__all__ = [
+    "GRAPH_READS", "GraphReadRegistry", "grad_signature", "graph_reads_disabled", "product_from_graph",
+    "saved_tensor_hooks_active",
+]
 
 # Between an attention module's output and its inputs there are about ten nodes plus the
 # weights' accumulators; a walk that goes much further has left the module.
@@ -43,7 +48,8 @@ def _tensors(values: Iterable[object]) -> list[torch.Tensor]:
     return found
 
 
-def _saved_tensor_hooks_active() -> bool:
+def saved_tensor_hooks_active() -> bool:
+    """Whether saved-tensor hooks (checkpointing, ``save_on_cpu``) are active: reading a saved tensor would run them."""
     # torch.utils.checkpoint uses the same query. Where it is missing, assume hooks.
     top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
     return top is None or top(False) is not None
@@ -58,23 +64,25 @@ def grad_signature(parameters: Iterable[torch.Tensor], inputs: Iterable[object])
       saved tensor would run the unpack hook (a recomputation or a copy) and hand back
       another tensor.
     """
-    if not torch.is_grad_enabled() or _saved_tensor_hooks_active():
+    if not torch.is_grad_enabled() or saved_tensor_hooks_active():
         return None
     return tuple(p.requires_grad for p in parameters) + tuple(t.requires_grad for t in _tensors(inputs))
 
 
 def product_from_graph(
     outputs: object, inputs: Iterable[object]
-) -> tuple[torch.Tensor, torch.Tensor, float] | None:
-    """``(q, k, scale)`` of the one attention product between ``inputs`` and ``outputs``.
+) -> tuple[torch.Tensor, torch.Tensor, float, torch.Tensor | None] | None:
+    """``(q, k, scale, lse)`` of the one attention product between ``inputs`` and ``outputs``.
 
     Args:
         outputs: the module's output (a tensor or a tuple/list holding tensors).
         inputs: the module's positional and keyword argument values.
 
     Returns:
-        The ``query`` and ``key`` the single ``scaled_dot_product_attention`` node saved
-        and its softmax scale (``D**-0.5`` when it used the default), or ``None`` when
+        The ``query`` and ``key`` the single ``scaled_dot_product_attention`` node saved,
+        its softmax scale (``D**-0.5`` when it used the default) and the log-sum-exp a fused
+        backend saved ((B, H, Nq) float32, :func:`~cl_streamkl.capture.attention_lse.lse_from_node`;
+        None for the math backend), or ``None`` when
         there is not exactly one such node, it had a mask or ``is_causal=True``, or the
         walk left the module.
     """
@@ -103,7 +111,7 @@ def product_from_graph(
     if isinstance(mask, torch.Tensor) or isinstance(bias, torch.Tensor) or getattr(node, "_saved_is_causal", False):
         return None
     scale = getattr(node, "_saved_scale", None)
-    return q, k, float(scale) if scale is not None else q.shape[-1] ** -0.5
+    return q, k, float(scale) if scale is not None else q.shape[-1] ** -0.5, lse_from_node(node, q.size(2))
 
 
 class GraphReadRegistry:
@@ -139,7 +147,7 @@ class GraphReadRegistry:
         self,
         module: nn.Module,
         signature: tuple[bool, ...] | None,
-        watched: tuple[torch.Tensor, torch.Tensor, float],
+        watched: tuple,
         outputs: object,
         inputs: Iterable[object],
     ) -> None:

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from cl_streamkl.capture.extractors import RecordQK, Removable, qualified_type_name
+from cl_streamkl.capture.hooks import RecordQK, Removable, qualified_type_name
 
 __all__ = ["multihead_attention_extractor", "multihead_qk"]
 

@@ -222,8 +222,9 @@ class ExperimentConfig:
                            "is 1)", bound="non-negative")
     layers: Layers = setting("all", "StreamKL and baselines", "blocks to distil: all | N (last N) | i,j,...",
                              type=parse_layers)
-    temperature: float = setting(0.5, "StreamKL and baselines", "attention softmax temperature for the KL (the "
-                                 "plugin's own default is 1)", bound="positive")
+    temperature: float = setting(1.0, "StreamKL and baselines", "attention softmax temperature for the KL (1, "
+                                 "as the plugin's: the kernels then reuse the models' log-sum-exps)",
+                                 bound="positive")
     kl_backend: str = setting("auto", "StreamKL and baselines", "attention_kl backend (auto: triton on CUDA)",
                               choices=KL_BACKENDS)
     compile_teacher: bool = setting(False, "StreamKL and baselines", "run the frozen teacher through "

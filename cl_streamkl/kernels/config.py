@@ -8,12 +8,14 @@ Seven options change how the Triton kernels run, never what they compute beyond 
   kernels at ViT lengths run fixed, measured tiles either way
   (:mod:`cl_streamkl.kernels.triton.tuning`). The CPU interpreter never autotunes, whatever
   this says: timing it is meaningless.
-* ``backward`` (default ``"split"``): ``"split"`` runs a query-side and a key-side kernel, each
+* ``backward`` (default ``"auto"``): ``"split"`` runs a query-side and a key-side kernel, each
   recomputing the score tiles, with no atomics; ``"onepass"`` runs the key-side kernel alone,
   adding dq up in float32 with atomics (half the exponentials and products per score, 4·D bytes
-  more memory per query row, summation order not fixed). On the H200 it was 5–6 % faster at
-  head dim 64 without a mask from 4096 tokens up and slower causal, at head dim 128 and at ViT
-  lengths (docs/tuning-log.md), so it is opt-in.
+  more memory per query row, summation order not fixed). ``"auto"`` takes the one-pass backward
+  where it measured faster on the H200: head dims up to 64, no causal mask, at least
+  :data:`ONE_PASS_MIN_LENGTH` queries and keys (4–7 % faster forward+backward from 4096 to 32768
+  tokens, with and without given log-sum-exps); the split kernels elsewhere (slower one-pass
+  causal, at head dim 128 and at ViT lengths; docs/tuning-log.md).
 * ``deterministic`` (default off): on, the split kernels run whatever ``backward`` says, so
   gradients are bit-for-bit reproducible.
 * ``fast_launch`` (default on): replay compiled kernels without Triton's per-launch binder
@@ -62,7 +64,10 @@ EXP2_VARIANTS: dict[str, tuple[int, int]] = {
     "poly5-eighth": (5, 2),
 }
 
-BACKWARDS = ("split", "onepass")
+BACKWARDS = ("auto", "split", "onepass")
+# "auto" runs the one-pass backward from this many queries and keys up (see the module docstring).
+ONE_PASS_MIN_LENGTH = 4096
+ONE_PASS_MAX_HEAD_DIM = 64
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +79,7 @@ class KernelOptions:
     forward_exp2: str = "hardware"
     backward_exp2: str = "hardware"
     grad_after_dot: bool = True
-    backward: str = "split"
+    backward: str = "auto"
     deterministic: bool = False
 
     def __post_init__(self) -> None:
@@ -101,7 +106,7 @@ class KernelOptions:
             forward_exp2=_choice(environ, "CL_STREAMKL_FORWARD_EXP2", "hardware", tuple(EXP2_VARIANTS)),
             backward_exp2=_choice(environ, "CL_STREAMKL_BACKWARD_EXP2", "hardware", tuple(EXP2_VARIANTS)),
             grad_after_dot=_switch(environ, "CL_STREAMKL_GRAD_AFTER_DOT", True),
-            backward=_choice(environ, "CL_STREAMKL_BACKWARD", "split", BACKWARDS),
+            backward=_choice(environ, "CL_STREAMKL_BACKWARD", "auto", BACKWARDS),
             deterministic=_switch(environ, "CL_STREAMKL_DETERMINISTIC", False),
         )
 

@@ -8,23 +8,16 @@ distillation usually runs, the baseline the benchmarks time StreamKL against.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 
-from cl_streamkl.kernels.validation import AttentionKLOptions, check_inputs, reduce_rows
+from cl_streamkl.kernels.validation import AttentionKLOptions, check_given_lse, check_inputs, reduce_rows
 
 
 def attention_kl_reference(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    q_teacher: torch.Tensor,
-    k_teacher: torch.Tensor,
-    *,
-    scale: float | None = None,
-    teacher_scale: float | None = None,
-    temperature: float = 1.0,
-    causal: bool = False,
-    reduction: str = "mean",
+    q: torch.Tensor, k: torch.Tensor, q_teacher: torch.Tensor, k_teacher: torch.Tensor, **options: Any
 ) -> torch.Tensor:
     """KL(P_teacher ‖ P_student) per query row, computed in float64 by materialising.
 
@@ -33,17 +26,19 @@ def attention_kl_reference(
         k: student keys, (B, H, Nk, Ds).
         q_teacher: teacher queries, (B, H, Nq, Dt).
         k_teacher: teacher keys, (B, H, Nk, Dt).
-        scale: student softmax scale, default Ds**-0.5.
-        teacher_scale: teacher softmax scale, default Dt**-0.5.
-        temperature: both score matrices are divided by it.
-        causal: mask key j > query i.
-        reduction: "none" → (B, H, Nq); "sum"; "mean" over B·H·Nq rows; "batchmean" → sum / B.
+        options: the keyword arguments of :func:`cl_streamkl.attention_kl`, checked as it
+            checks them: ``scale``, ``teacher_scale``, ``temperature``, ``causal``,
+            ``reduction``; ``backend`` is ignored, and given ``lse`` / ``lse_teacher`` are
+            validated but not used: the reference computes both log-sum-exps in float64.
 
     Returns:
         A float64 tensor, reduced as asked.
     """
-    options = AttentionKLOptions(scale, teacher_scale, temperature, causal, reduction, backend="torch")
+    given = options.pop("lse", None), options.pop("lse_teacher", None)
+    options = AttentionKLOptions(**{"backend": "torch", **options})
     problem = check_inputs(q, k, q_teacher, k_teacher, options)
+    check_given_lse(*given, q)
+    causal, reduction = options.causal, options.reduction
     scores_student = (q.double() @ k.double().transpose(-1, -2)) * problem.student_scale
     scores_teacher = (q_teacher.double() @ k_teacher.double().transpose(-1, -2)) * problem.teacher_scale
     if causal:

@@ -2,7 +2,8 @@
 
 Keys are processed in chunks of ``chunk_size``; per query row the forward keeps
 both running maxima and sums and the rescaled accumulator Σ p̃_t·(s_t − s_s),
-and the backward recomputes each chunk's probabilities. Peak extra memory is
+and the backward recomputes each chunk's probabilities. Given both log-sum-exps, the
+forward takes one exponential per score and renormalises the teacher's by their sum σ. Peak extra memory is
 O(B·H·Nq·chunk_size) (plus a float32 copy of the inputs), never O(Nq·Nk).
 Runs on any device PyTorch supports.
 """
@@ -38,6 +39,33 @@ def _chunk_scores(
     return scores_student, scores_teacher, keep
 
 
+def _known_lse_forward(
+    q: torch.Tensor, k: torch.Tensor, q_teacher: torch.Tensor, k_teacher: torch.Tensor,
+    problem: AttentionKLProblem, chunk_size: int, given: tuple[torch.Tensor, torch.Tensor],
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`streaming_forward` with both natural log-sum-exps given: one exponential per score.
+
+    σ = Σ_j exp(s_t − lse_t) makes the teacher's side exact even where lse_t is off; the
+    returned teacher log-sum-exp is lse_t + log σ.
+    """
+    lse_student, lse_teacher = (tensor.float() for tensor in given)
+    sigma = torch.zeros_like(lse_teacher)
+    weighted_gap = torch.zeros_like(lse_teacher)
+    q32, q_teacher32 = q.float(), q_teacher.float()
+    for start in range(0, problem.n_k, chunk_size):
+        stop = min(start + chunk_size, problem.n_k)
+        scores_student, scores_teacher, keep = _chunk_scores(q32, k, q_teacher32, k_teacher, problem, start, stop)
+        p_teacher = torch.exp(scores_teacher - lse_teacher[..., None])
+        gap = scores_teacher - scores_student
+        if keep is not None:
+            gap = gap.masked_fill(~keep, 0.0)
+        sigma = sigma + p_teacher.sum(dim=-1)
+        weighted_gap = weighted_gap + (p_teacher * gap).sum(dim=-1)
+    log_sigma = torch.log(sigma)
+    row_kl = weighted_gap / sigma - log_sigma - lse_teacher + lse_student
+    return row_kl, lse_student, lse_teacher + log_sigma
+
+
 def streaming_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -45,11 +73,16 @@ def streaming_forward(
     k_teacher: torch.Tensor,
     problem: AttentionKLProblem,
     chunk_size: int,
+    given: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-row KL and both natural log-sum-exps over keys [0, Nk), each (B, H, Nq) float32.
 
-    Public for :mod:`cl_streamkl.distributed`, which merges these statistics over key shards.
+    ``given``: the student's and teacher's natural log-sum-exps, if known (see
+    :func:`cl_streamkl.attention_kl`). Public for :mod:`cl_streamkl.distributed`, which merges
+    these statistics over key shards.
     """
+    if given is not None:
+        return _known_lse_forward(q, k, q_teacher, k_teacher, problem, chunk_size, given)
     shape = (problem.batch, problem.heads, problem.n_q)
     max_student = torch.full(shape, float("-inf"), device=q.device)
     max_teacher = torch.full(shape, float("-inf"), device=q.device)
@@ -147,9 +180,9 @@ class _StreamingAttentionKL(torch.autograd.Function):
     """Autograd wrapper: forward and backward both stream over key chunks."""
 
     @staticmethod
-    def forward(ctx, q, k, q_teacher, k_teacher, problem, chunk_size):
+    def forward(ctx, q, k, q_teacher, k_teacher, problem, chunk_size, given):
         row_kl, lse_student, lse_teacher = streaming_forward(
-            q, k, q_teacher, k_teacher, problem, chunk_size
+            q, k, q_teacher, k_teacher, problem, chunk_size, given
         )
         ctx.save_for_backward(q, k, q_teacher, k_teacher, lse_student, lse_teacher, row_kl)
         ctx.problem = problem
@@ -175,7 +208,7 @@ class _StreamingAttentionKL(torch.autograd.Function):
             teacher_grad,
         )
         grads = (grad_q, grad_k, grad_q_teacher, grad_k_teacher)
-        return *in_input_dtypes(grads, (q, k, q_teacher, k_teacher)), None, None
+        return *in_input_dtypes(grads, (q, k, q_teacher, k_teacher)), None, None, None
 
 
 def attention_kl_rows_torch(
@@ -184,16 +217,20 @@ def attention_kl_rows_torch(
     q_teacher: torch.Tensor,
     k_teacher: torch.Tensor,
     problem: AttentionKLProblem,
+    lse: torch.Tensor | None = None,
+    lse_teacher: torch.Tensor | None = None,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
 ) -> torch.Tensor:
     """Per-row KL(P_teacher ‖ P_student), (B, H, Nq) float32, streaming over key chunks.
 
     Inputs are validated by the caller (:func:`cl_streamkl.attention_kl`); shapes are
-    q (B, H, Nq, Ds), k (B, H, Nk, Ds), q_teacher (B, H, Nq, Dt), k_teacher (B, H, Nk, Dt).
+    q (B, H, Nq, Ds), k (B, H, Nk, Ds), q_teacher (B, H, Nq, Dt), k_teacher (B, H, Nk, Dt),
+    and the optional natural log-sum-exps (both or neither) (B, H, Nq) float32.
     """
     if not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
     # Under autocast the float32 chunk products would silently run in bf16/fp16;
     # the contract is float32 math, as in the Triton kernels.
     with torch.autocast(q.device.type, enabled=False):
-        return _StreamingAttentionKL.apply(q, k, q_teacher, k_teacher, problem, chunk_size)
+        given = None if lse is None else (lse.detach(), lse_teacher.detach())
+        return _StreamingAttentionKL.apply(q, k, q_teacher, k_teacher, problem, chunk_size, given)

@@ -188,6 +188,85 @@ def check_inputs(
     )
 
 
+def check_given_lse(
+    lse: torch.Tensor | None, lse_teacher: torch.Tensor | None, q: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Validate the optional log-sum-exps of :func:`cl_streamkl.attention_kl` against its ``q``.
+
+    Args:
+        lse, lse_teacher: both None, or both (B, H, Nq) float32 tensors on ``q``'s device (any strides).
+        q: the student queries, (B, H, Nq, Ds), already checked.
+
+    Returns:
+        ``(lse, lse_teacher)``, or None when neither is given.
+
+    Raises:
+        TypeError: one is given without the other, is not a tensor or not float32.
+        ValueError: a shape other than (B, H, Nq) or another device than ``q``'s.
+    """
+    if lse is None and lse_teacher is None:
+        return None
+    if lse is None or lse_teacher is None:
+        raise TypeError("lse and lse_teacher go together: pass both log-sum-exps or neither")
+    expected = tuple(q.shape[:3])
+    for name, tensor in (("lse", lse), ("lse_teacher", lse_teacher)):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.dtype != torch.float32:
+            raise TypeError(f"{name} must be float32, as attention returns its log-sum-exp, got {tensor.dtype}")
+        if tensor.device != q.device:
+            raise ValueError(f"{name} is on {tensor.device} but q is on {q.device}")
+        if tuple(tensor.shape) != expected:
+            raise ValueError(f"{name} must have shape (B, H, Nq) = {expected}, got {tuple(tensor.shape)}")
+    return lse, lse_teacher
+
+
+def check_grouped_lse(
+    lse: Sequence[torch.Tensor] | None, lse_teacher: Sequence[torch.Tensor] | None, problems: Sequence[Sequence]
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """:func:`check_given_lse` for each problem of ``attention_kl_grouped``; each side stacked.
+
+    Returns:
+        ``(lse, lse_teacher)``, each (L, B, H, Nq) float32 contiguous (one copy of a few bytes per
+        row, so the kernels need no per-problem addresses), or None when neither is given.
+
+    Raises:
+        TypeError / ValueError: as :func:`check_given_lse`, prefixed with ``problems[l]``, or lists
+            whose lengths differ from the number of problems.
+    """
+    if lse is None and lse_teacher is None:
+        return None
+    if lse is None or lse_teacher is None:
+        raise TypeError("lse and lse_teacher go together: pass both log-sum-exps or neither")
+    for name, values in (("lse", lse), ("lse_teacher", lse_teacher)):
+        if isinstance(values, torch.Tensor) or not isinstance(values, Sequence):
+            raise TypeError(f"{name} must be a sequence of one tensor per problem, got {type(values).__name__}")
+        if len(values) != len(problems):
+            raise ValueError(f"{name} has {len(values)} entries but there are {len(problems)} problems")
+    q = problems[0][0]
+    expected = (len(problems), *q.shape[:3])
+    stacked = []
+    for values in (lse, lse_teacher):
+        try:
+            tensor = torch.stack(list(values))
+        except (TypeError, RuntimeError):
+            tensor = None
+        if tensor is None or tensor.dtype != torch.float32 or tensor.device != q.device or tensor.shape != expected:
+            break
+        stacked.append(tensor)
+    else:
+        return stacked[0], stacked[1]
+    # Something is off: find the problem and say what, one problem at a time.
+    for index, (student, teacher, problem) in enumerate(zip(lse, lse_teacher, problems)):
+        if student is None or teacher is None:
+            raise TypeError(f"problems[{index}]: lse and lse_teacher must hold a tensor for every problem")
+        try:
+            check_given_lse(student, teacher, problem[0])
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"problems[{index}]: {error}") from None
+    raise ValueError("lse and lse_teacher must hold one (B, H, Nq) float32 tensor per problem")
+
+
 def check_pooled_inputs(q: torch.Tensor, k: torch.Tensor, scale: float | None, squared: object) -> float:
     """Validate the inputs of the pooled attention vectors; return the softmax scale.
 

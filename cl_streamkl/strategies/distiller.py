@@ -13,7 +13,7 @@ Example:
     >>> teacher = distiller.teacher_qk(x)          # first: its GPU work overlaps the student's forward
     >>> with distiller.student_capture(model) as cap:
     ...     logits = model(x)
-    >>> penalty = distiller.penalty(x, cap.qk, student_scales=cap.scales, teacher=teacher)
+    >>> penalty = distiller.penalty(x, cap.qk, student_scales=cap.scales, teacher=teacher, student_lse=cap.lse)
     >>> loss = F.cross_entropy(logits, y) + penalty
     >>> loss.backward()
 
@@ -42,7 +42,7 @@ from cl_streamkl.distributed import unwrap_data_parallel
 from cl_streamkl.kernels.validation import AttentionKLOptions
 from cl_streamkl.strategies.teacher import frozen_copy, named_tensors, restore_frozen_copy
 
-__all__ = ["AttentionDistiller"]
+__all__ = ["AttentionDistiller", "known_lse"]
 
 
 def _check_alpha(alpha: object) -> float:
@@ -52,6 +52,39 @@ def _check_alpha(alpha: object) -> float:
     if not math.isfinite(alpha) or alpha < 0.0:
         raise ValueError(f"alpha must be a finite number >= 0, got {alpha}")
     return alpha
+
+
+def known_lse(
+    temperature: float,
+    problems: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Any, Any]],
+    student_lse: Sequence[torch.Tensor | None] | None,
+    teacher_lse: Sequence[torch.Tensor | None] | None,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
+    """Both models' recorded log-sum-exps where the KL may take them, else None.
+
+    They are the log-sum-exps of ``q kᵀ · scale`` as each model's attention formed its scores,
+    so they serve only where the KL's scores are those: temperature 1 and the scales the
+    capture recorded (``scale`` given, not None). Every block must have both (a fused SDPA
+    call without a mask records one; the math backend, manual attention and the compiled
+    teacher record none), and the inputs must be on CUDA, where the recorded LSE costs
+    nothing; on the CPU the kernels compute both as before.
+
+    Args:
+        temperature: the distiller's.
+        problems: per block ``(q, k, q_teacher, k_teacher, scale, teacher_scale)``.
+        student_lse, teacher_lse: per block the recorded log-sum-exp or None; None for all.
+
+    Returns:
+        ``(student_lse, teacher_lse)``, lists of (B, H, Nq) float32 tensors, or None.
+    """
+    if temperature != 1.0 or student_lse is None or teacher_lse is None:
+        return None
+    if len(student_lse) != len(problems) or len(teacher_lse) != len(problems):
+        return None
+    for (q, _, _, _, scale, teacher_scale), lse_s, lse_t in zip(problems, student_lse, teacher_lse):
+        if lse_s is None or lse_t is None or scale is None or teacher_scale is None or not q.is_cuda:
+            return None
+    return list(student_lse), list(teacher_lse)
 
 
 def attention_heads(model: nn.Module) -> list[int | None]:
@@ -181,7 +214,7 @@ class AttentionDistiller:
         capture = QKCapture(teacher, self.layers, stop_early=True)
         with torch.no_grad(), capture:
             teacher(x)
-        return TeacherQK(qk=capture.qk, scales=capture.scales)
+        return TeacherQK(qk=capture.qk, scales=capture.scales, lse=capture.lse)
 
     def penalty(
         self,
@@ -190,6 +223,7 @@ class AttentionDistiller:
         *,
         student_scales: Sequence[float] | None = None,
         teacher: TeacherQK | None = None,
+        student_lse: Sequence[torch.Tensor | None] | None = None,
     ) -> torch.Tensor:
         """``alpha`` × mean over layers of KL(P_teacher ‖ P_student) on the batch ``x``.
 
@@ -203,6 +237,10 @@ class AttentionDistiller:
                 the student's forward is host-bound (the GPU waits for each launch), and
                 with the teacher's kernels still queued it no longer waits. The
                 Avalanche plugin does this.
+            student_lse: ``capture.lse`` of the same capture as ``student_scales``: the
+                log-sum-exps of the student's attention. Where :func:`known_lse` finds both
+                models' usable, the kernels take one exponential per score instead of two;
+                elsewhere they are ignored.
 
         Returns:
             A 0-dim float32 tensor differentiable w.r.t. the student's Q/K; a zero tensor
@@ -238,10 +276,16 @@ class AttentionDistiller:
             if q_t.dtype != q.dtype:
                 q_t, k_t = q_t.to(q.dtype), k_t.to(q.dtype)
             problems.append((q, k, q_t, k_t, scale, teacher_scale))
-        return self.alpha * self.layer_penalties(problems).mean()
+        if type(self).layer_penalties is not AttentionDistiller.layer_penalties:
+            # A subclass with penalties of its own (PooledAttentionDistiller) takes the problems alone.
+            return self.alpha * self.layer_penalties(problems).mean()
+        given = known_lse(self.temperature, problems, student_lse, teacher.lse)
+        return self.alpha * self.layer_penalties(problems, given).mean()
 
     def layer_penalties(
-        self, problems: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Any, Any]]
+        self,
+        problems: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Any, Any]],
+        lse: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
     ) -> torch.Tensor:
         """One unweighted penalty per distilled block: the mean KL over its query rows.
 
@@ -252,19 +296,25 @@ class AttentionDistiller:
         Args:
             problems: per block ``(q, k, q_teacher, k_teacher, scale, teacher_scale)``,
                 the Q/K as in :meth:`penalty`, scales ``None`` for ``D**-0.5``.
+            lse: :func:`known_lse` of these problems: per block the student's and the
+                teacher's log-sum-exps, or None (the kernels compute both).
 
         Returns:
             (L,) float32 tensor.
         """
         options = {"temperature": self.temperature, "reduction": "mean", "backend": self.backend}
+        student_lse, teacher_lse = lse if lse is not None else (None, None)
         signatures = {tuple((t.shape, t.dtype, t.device) for t in problem[:4]) for problem in problems}
         if len(signatures) == 1:
             return attention_kl_grouped([problem[:4] for problem in problems],
                                         scales=[problem[4] for problem in problems],
-                                        teacher_scales=[problem[5] for problem in problems], **options)
+                                        teacher_scales=[problem[5] for problem in problems],
+                                        lse=student_lse, lse_teacher=teacher_lse, **options)
+        given = list(zip(student_lse, teacher_lse)) if lse is not None else [(None, None)] * len(problems)
         return torch.stack([
-            attention_kl(q, k, q_t, k_t, scale=scale, teacher_scale=teacher_scale, **options)
-            for q, k, q_t, k_t, scale, teacher_scale in problems
+            attention_kl(q, k, q_t, k_t, scale=scale, teacher_scale=teacher_scale, lse=lse_s, lse_teacher=lse_t,
+                         **options)
+            for (q, k, q_t, k_t, scale, teacher_scale), (lse_s, lse_t) in zip(problems, given)
         ])
 
     def _require_teacher(self) -> nn.Module:

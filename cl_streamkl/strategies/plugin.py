@@ -124,7 +124,8 @@ class AttentionDistillationPlugin(SupervisedPlugin, supports_distributed=True):
             # Another plugin replaced or edited the minibatch after our before_forward:
             # the teacher must see what the student saw, so penalty() runs it again.
             teacher = None
-        penalty = self.distiller.penalty(strategy.mb_x, capture.qk, student_scales=capture.scales, teacher=teacher)
+        penalty = self.distiller.penalty(strategy.mb_x, capture.qk, student_scales=capture.scales, teacher=teacher,
+                                         student_lse=capture.lse)
         capture.clear()
         strategy.loss += penalty
         self._last_penalty = penalty.detach()

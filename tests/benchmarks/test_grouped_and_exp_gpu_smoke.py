@@ -25,8 +25,12 @@ def test_smoke_run_checks_times_and_writes_json(tmp_path, capsys):
     (check,) = payload["checks"]
     assert check["passed"] and check["grouped_vs_separate"] == 0.0
     assert {(row["impl"], row["mode"]) for row in payload["grouped"]} == {
-        (impl, mode) for impl in ("attention_kl x2", "attention_kl_grouped", "sdpa x2") for mode in ("fwd", "fwd+bwd")
+        (impl, mode)
+        for impl in ("attention_kl x2", "attention_kl_grouped", "attention_kl_grouped lse",
+                     "attention_kl_grouped lse onepass", "sdpa x2")
+        for mode in ("fwd", "fwd+bwd")
     }
+    assert check["kl_grouped_lse"] < 1e-4 and check["grad_grouped_lse"] < 2e-2
     variants = {row["variant"]: row for row in payload["variants"]}
     assert list(variants) == script.SMOKE["variants"]
     assert variants["hardware"]["speedup_fwd_bwd"] == 1.0

@@ -170,10 +170,12 @@ def graph_product(module: OneProduct):
     return product_from_graph(module(hidden), [hidden]), module.seen
 
 
-def test_product_from_graph_returns_the_called_tensors_and_scale() -> None:
-    (q, k, scale), (q_seen, k_seen) = graph_product(OneProduct())
+def test_product_from_graph_returns_the_called_tensors_scale_and_lse() -> None:
+    (q, k, scale, lse), (q_seen, k_seen) = graph_product(OneProduct())
     assert q is q_seen and k is k_seen and scale == pytest.approx(8**-0.5)
-    (_, _, scale), _ = graph_product(OneProduct(scale=0.3))
+    # The CPU's flash backend saves its log-sum-exp too.
+    torch.testing.assert_close(lse, torch.logsumexp(q @ k.transpose(-1, -2) * scale, dim=-1))
+    (_, _, scale, _), _ = graph_product(OneProduct(scale=0.3))
     assert scale == pytest.approx(0.3)
 
 

@@ -92,7 +92,7 @@ def test_a_checkpoint_of_another_run_is_refused(tmp_path):
 def test_where_files_live_and_the_other_runs_are_not_part_of_the_fingerprint():
     moved = ExperimentConfig(out="elsewhere", data_root="/data", strategies=["joint"], seeds=[4, 5]).resolved()
     assert moved.fingerprint_json() == CONFIG.fingerprint_json()
-    assert ExperimentConfig(temperature=1.0).resolved().fingerprint_json() != CONFIG.fingerprint_json()
+    assert ExperimentConfig(temperature=2.0).resolved().fingerprint_json() != CONFIG.fingerprint_json()
 
 
 def _truncated(path: Path) -> None:

@@ -36,11 +36,13 @@ class Case(NamedTuple):
     exp2: str = "hardware"  # a key of variants.EXP2_VARIANTS
     grad_after_dot: bool = False
     one_pass: bool = False  # dk only: the key-side kernel also adds up dq
+    known_lse: bool = False  # fwd only: both log-sum-exps given, one exponential per score
 
     def label(self) -> str:
         return " ".join(
             [self.kind, "causal" if self.causal else "full", "grouped" if self.grouped else "single", self.exp2]
             + (["grad-after-dot"] if self.grad_after_dot else []) + (["one-pass"] if self.one_pass else [])
+            + (["known-lse"] if self.known_lse else [])
         )
 
 
@@ -55,6 +57,7 @@ CASES = (
     + [Case(kind, grad_after_dot=True) for kind in ("dq", "dk")]
     + [Case(kind, grouped=True, grad_after_dot=True) for kind in ("dq", "dk")]
     + [Case("dk", causal, grouped, one_pass=True) for grouped in (False, True) for causal in (False, True)]
+    + [Case("fwd", causal, grouped, known_lse=True) for grouped in (False, True) for causal in (False, True)]
 )
 
 
@@ -82,7 +85,9 @@ def compile_for_hopper(case: Case):
         "BLOCK_DS": 64,
         "BLOCK_DT": 64,
     }
-    if case.kind != "fwd":
+    if case.kind == "fwd":
+        constants["KNOWN_LSE"] = case.known_lse
+    else:
         constants["TEACHER_GRAD"] = True
     if case.kind != "fwd":
         constants["GRAD_AFTER_DOT"] = case.grad_after_dot
@@ -93,8 +98,9 @@ def compile_for_hopper(case: Case):
         if case.kind != "fwd":
             constants["KEY_SIDE"] = case.kind == "dk"
     # Integer arguments Triton would not see as divisible by 16 at 32x12x197x64.
-    odd_integers = {"num_heads", "n_q", "n_k", "batch_size", "stride_gl"}
-    float32_pointers = {"ROW_KL", "LSE_S", "LSE_T", "GRAD", "DQ_SUM", "DQT_SUM"}
+    odd_integers = {"num_heads", "n_q", "n_k", "batch_size", "stride_gl", "stride_lsb", "stride_lsh", "stride_lsn",
+                    "stride_ltb", "stride_lth", "stride_ltn"}
+    float32_pointers = {"ROW_KL", "LSE_S", "LSE_T", "LSE_S_IN", "LSE_T_IN", "GRAD", "DQ_SUM", "DQT_SUM"}
 
     def pointer_type(arg: str) -> str | None:
         if arg == "TABLE":
@@ -126,13 +132,16 @@ def test_kernels_compile_for_sm90():
     assert len(counts) == len(CASES)
     for case in CASES:
         these = counts[case.label()]
-        baseline = counts[case._replace(grouped=False, exp2="hardware", grad_after_dot=False).label()]
+        baseline = counts[case._replace(grouped=False, exp2="hardware", grad_after_dot=False, known_lse=False).label()]
         assert these["copy16"] > 0, f"{case.label()}: tiles are not loaded with 16-byte copies"
         if case.one_pass:
             assert these["atomics"] > 0, f"{case.label()}: dq is not added up with atomics"
         else:
             assert these["atomics"] == 0, f"{case.label()}: atomics in a deterministic kernel"
-        if case.grouped:
+        if case.known_lse:
+            # One exponential per score instead of two (the online rescalings are gone too).
+            assert these["ex2"] * 2 <= baseline["ex2"], f"{case.label()}: {these['ex2']} exponentials, {baseline}"
+        elif case.grouped:
             assert these == baseline, f"{case.label()} compiles to other loads or exponentials than {baseline}"
         if case.exp2 != "hardware":
             assert these["ex2"] < baseline["ex2"], f"{case.label()}: no hardware exponential moved"

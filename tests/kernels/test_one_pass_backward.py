@@ -89,7 +89,7 @@ def test_grouped_problems(launch_counter, device):
 def test_deterministic_forces_the_split_kernels(launch_counter, device):
     inputs = make_inputs((1, 1, 17, 17, 32, 32, False), torch.float32, device)
     with kernel_options(backward="onepass", deterministic=True):
-        assert not one_pass_backward()
+        assert not one_pass_backward(8192, 8192, 64, False)
         attention_kl(*inputs, backend="triton").backward()
     assert launch_counter.counts["backward_dq"] == 1 and launch_counter.counts["backward_dk"] == 1
     with kernel_options(backward="onepass"):
@@ -97,8 +97,24 @@ def test_deterministic_forces_the_split_kernels(launch_counter, device):
     assert launch_counter.counts["backward_dq"] == 1 and launch_counter.counts["backward_dk"] == 2
 
 
+@pytest.mark.parametrize(
+    "n_q, n_k, head_dim, causal, chosen",
+    [(4096, 4096, 64, False, True), (32768, 32768, 32, False, True), (4095, 8192, 64, False, False),
+     (8192, 8192, 128, False, False), (8192, 8192, 64, True, False), (1025, 1025, 64, False, False)],
+)
+def test_auto_takes_the_one_pass_backward_where_it_measured_faster(n_q, n_k, head_dim, causal, chosen):
+    """Long, unmasked, head dims up to 64; the split kernels elsewhere and always when deterministic."""
+    assert one_pass_backward(n_q, n_k, head_dim, causal) == chosen  # "auto" is the default
+    with kernel_options(deterministic=True):
+        assert not one_pass_backward(n_q, n_k, head_dim, causal)
+    with kernel_options(backward="split"):
+        assert not one_pass_backward(n_q, n_k, head_dim, causal)
+    with kernel_options(backward="onepass"):
+        assert one_pass_backward(n_q, n_k, head_dim, causal)
+
+
 def test_options_and_environment():
-    assert KernelOptions().backward == "split" and not KernelOptions().deterministic
+    assert KernelOptions().backward == "auto" and not KernelOptions().deterministic
     chosen = KernelOptions.from_environment({"CL_STREAMKL_BACKWARD": "onepass", "CL_STREAMKL_DETERMINISTIC": "1"})
     assert chosen == KernelOptions(backward="onepass", deterministic=True)
     with pytest.raises(ValueError, match="backward must be one of"):

@@ -14,27 +14,28 @@ from collections.abc import Sequence
 import torch
 
 from cl_streamkl.kernels.backward_inputs import BackwardInputs
-from cl_streamkl.kernels.triton.launch import (
-    empty_gradient_for,
-    launch_backward,
-    launch_forward,
-    launch_grouped_backward,
-    launch_grouped_forward,
-)
+from cl_streamkl.kernels.triton.launch import empty_gradient_for, launch_backward, launch_forward
+from cl_streamkl.kernels.triton.launch_grouped import launch_grouped_backward, launch_grouped_forward
 from cl_streamkl.kernels.validation import AttentionKLProblem, refuse_double_backward
 
 
-@torch.library.custom_op("cl_streamkl::attention_kl_fwd", mutates_args=())
-def attention_kl_fwd_op(
-    q: torch.Tensor, k: torch.Tensor, q_teacher: torch.Tensor, k_teacher: torch.Tensor,
-    student_scale: float, teacher_scale: float, causal: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _forward_schema(inputs: str, scales: str, lse: str) -> str:
+    """A forward op's schema (written out: its optional log-sum-exps need the same spelling on every torch)."""
+    tensors = ", ".join(f"{inputs} {name}" for name in ("q", "k", "q_teacher", "k_teacher"))
+    return (f"({tensors}, {scales} student_scale, {scales} teacher_scale, bool causal, {lse} lse, "
+            f"{lse} lse_teacher) -> (Tensor, Tensor, Tensor)")
+
+
+@torch.library.custom_op(
+    "cl_streamkl::attention_kl_fwd", mutates_args=(), schema=_forward_schema("Tensor", "float", "Tensor?")
+)
+def attention_kl_fwd_op(q, k, q_teacher, k_teacher, student_scale, teacher_scale, causal, lse, lse_teacher):
     """Custom op around :func:`launch_forward` (opaque to, but traceable by, torch.compile)."""
-    return launch_forward(q, k, q_teacher, k_teacher, student_scale, teacher_scale, causal)
+    return launch_forward(q, k, q_teacher, k_teacher, student_scale, teacher_scale, causal, lse, lse_teacher)
 
 
 @attention_kl_fwd_op.register_fake
-def _attention_kl_fwd_fake(q, k, q_teacher, k_teacher, student_scale, teacher_scale, causal):
+def _attention_kl_fwd_fake(q, k, q_teacher, k_teacher, student_scale, teacher_scale, causal, lse, lse_teacher):
     rows = q.new_empty(q.shape[:3], dtype=torch.float32)
     return rows, torch.empty_like(rows), torch.empty_like(rows)
 
@@ -66,17 +67,17 @@ def _attention_kl_bwd_fake(grad_rows, *fields):
     return [empty_gradient_for(tensor) for tensor in roles]
 
 
-@torch.library.custom_op("cl_streamkl::attention_kl_grouped_fwd", mutates_args=())
-def attention_kl_grouped_fwd_op(
-    q: list[torch.Tensor], k: list[torch.Tensor], q_teacher: list[torch.Tensor], k_teacher: list[torch.Tensor],
-    student_scales: list[float], teacher_scales: list[float], causal: bool,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Custom op around :func:`launch_grouped_forward`."""
-    return launch_grouped_forward(q, k, q_teacher, k_teacher, student_scales, teacher_scales, causal)
+@torch.library.custom_op(
+    "cl_streamkl::attention_kl_grouped_fwd", mutates_args=(), schema=_forward_schema("Tensor[]", "float[]", "Tensor?")
+)
+def attention_kl_grouped_fwd_op(q, k, q_teacher, k_teacher, student_scales, teacher_scales, causal, lse, lse_teacher):
+    """Custom op around :func:`launch_grouped_forward`; ``lse`` and ``lse_teacher`` stacked, (L, B, H, Nq)."""
+    return launch_grouped_forward(q, k, q_teacher, k_teacher, student_scales, teacher_scales, causal, lse, lse_teacher)
 
 
 @attention_kl_grouped_fwd_op.register_fake
-def _attention_kl_grouped_fwd_fake(q, k, q_teacher, k_teacher, student_scales, teacher_scales, causal):
+def _attention_kl_grouped_fwd_fake(q, k, q_teacher, k_teacher, student_scales, teacher_scales, causal, lse,
+                                   lse_teacher):
     rows = q[0].new_empty((len(q), *q[0].shape[:3]), dtype=torch.float32)
     return rows, torch.empty_like(rows), torch.empty_like(rows)
 
@@ -142,21 +143,23 @@ def _flat(backward_op):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, q_teacher, k_teacher, *options = inputs
+    q, k, q_teacher, k_teacher, *options, _lse, _lse_teacher = inputs
     ctx.set_materialize_grads(False)
     ctx.mark_non_differentiable(output[1], output[2])
     _save_for_backward(ctx, (q, k, q_teacher, k_teacher), output, tuple(options))
 
 
+# The given log-sum-exps get no gradient: the backward's g·(p_s − p_t) is already the whole
+# derivative of the KL with respect to (q, k), their dependence on q and k included.
 def _op_backward(ctx, grad_rows, _grad_lse_student, _grad_lse_teacher):
-    return *_gradients(ctx, grad_rows, _flat(attention_kl_bwd_op), grouped=False), None, None, None
+    return *_gradients(ctx, grad_rows, _flat(attention_kl_bwd_op), grouped=False), *(None,) * 5
 
 
 attention_kl_fwd_op.register_autograd(_op_backward, setup_context=_setup_context)
 
 
 def _grouped_setup_context(ctx, inputs, output):
-    q, k, q_teacher, k_teacher, *options = inputs
+    q, k, q_teacher, k_teacher, *options, _lse, _lse_teacher = inputs
     ctx.set_materialize_grads(False)
     ctx.mark_non_differentiable(output[1], output[2])
     interleaved = [tensor for problem in zip(q, k, q_teacher, k_teacher) for tensor in problem]
@@ -172,7 +175,7 @@ def _per_problem(ctx, grads: tuple) -> list[list[torch.Tensor | None]]:
 def _grouped_op_backward(ctx, grad_rows, _grad_lse_student, _grad_lse_teacher):
     # A list input takes a list of gradients, one (or None) per tensor.
     grads = _gradients(ctx, grad_rows, _flat(attention_kl_grouped_bwd_op), grouped=True)
-    return *_per_problem(ctx, grads), None, None, None
+    return *_per_problem(ctx, grads), *(None,) * 5
 
 
 attention_kl_grouped_fwd_op.register_autograd(_grouped_op_backward, setup_context=_grouped_setup_context)
@@ -186,9 +189,9 @@ class _AttentionKLFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, q_teacher, k_teacher, student_scale, teacher_scale, causal):
+    def forward(ctx, q, k, q_teacher, k_teacher, student_scale, teacher_scale, causal, lse, lse_teacher):
         options = (student_scale, teacher_scale, causal)
-        outputs = launch_forward(q, k, q_teacher, k_teacher, *options)
+        outputs = launch_forward(q, k, q_teacher, k_teacher, *options, lse, lse_teacher)
         ctx.set_materialize_grads(False)
         _save_for_backward(ctx, (q, k, q_teacher, k_teacher), outputs, options)
         return outputs[0]
@@ -196,17 +199,17 @@ class _AttentionKLFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_rows):
         refuse_double_backward()
-        return *_gradients(ctx, grad_rows, launch_backward, grouped=False), None, None, None
+        return *_gradients(ctx, grad_rows, launch_backward, grouped=False), *(None,) * 5
 
 
 class _GroupedAttentionKLFunction(torch.autograd.Function):
     """Eager twin of the grouped custom op; its inputs are q, k, q_t, k_t of each problem in turn."""
 
     @staticmethod
-    def forward(ctx, student_scales, teacher_scales, causal, *inputs):
+    def forward(ctx, student_scales, teacher_scales, causal, lse, lse_teacher, *inputs):
         roles = [inputs[index::4] for index in range(4)]
         options = (student_scales, teacher_scales, causal)
-        outputs = launch_grouped_forward(*roles, *options)
+        outputs = launch_grouped_forward(*roles, *options, lse, lse_teacher)
         ctx.set_materialize_grads(False)
         _save_for_backward(ctx, inputs, outputs, options)
         return outputs[0]
@@ -215,7 +218,7 @@ class _GroupedAttentionKLFunction(torch.autograd.Function):
     def backward(ctx, grad_rows):
         refuse_double_backward()
         grads = _per_problem(ctx, _gradients(ctx, grad_rows, launch_grouped_backward, grouped=True))
-        return None, None, None, *(grad for problem in zip(*grads) for grad in problem)
+        return None, None, None, None, None, *(grad for problem in zip(*grads) for grad in problem)
 
 
 def attention_kl_rows_triton(
@@ -224,19 +227,25 @@ def attention_kl_rows_triton(
     q_teacher: torch.Tensor,
     k_teacher: torch.Tensor,
     problem: AttentionKLProblem,
+    lse: torch.Tensor | None = None,
+    lse_teacher: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-row KL(P_teacher ‖ P_student), (B, H, Nq) float32, through the fused kernels.
 
-    Inputs are validated by the caller (:func:`cl_streamkl.attention_kl`).
+    Inputs are validated by the caller (:func:`cl_streamkl.attention_kl`), the log-sum-exps
+    too: both (B, H, Nq) float32, natural log, or neither.
     """
-    args = (q, k, q_teacher, k_teacher, problem.student_scale, problem.teacher_scale, problem.causal)
+    args = (q, k, q_teacher, k_teacher, problem.student_scale, problem.teacher_scale, problem.causal, lse, lse_teacher)
     if torch.compiler.is_compiling():
         return attention_kl_fwd_op(*args)[0]
     return _AttentionKLFunction.apply(*args)
 
 
 def attention_kl_rows_triton_grouped(
-    inputs: Sequence[Sequence[torch.Tensor]], problems: Sequence[AttentionKLProblem]
+    inputs: Sequence[Sequence[torch.Tensor]],
+    problems: Sequence[AttentionKLProblem],
+    lse: torch.Tensor | None = None,
+    lse_teacher: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-row KL of L problems of one shape, (L, B, H, Nq) float32: one launch per kernel.
 
@@ -244,12 +253,13 @@ def attention_kl_rows_triton_grouped(
         inputs: per problem (q, k, q_teacher, k_teacher), validated by the caller
             (:func:`cl_streamkl.attention_kl_grouped`): one shape, dtype and device for all.
         problems: per problem its sizes and scales; ``causal`` is the same in all.
+        lse, lse_teacher: every problem's natural log-sum-exps, (L, B, H, Nq) float32 contiguous, or None.
     """
     student_scales = [problem.student_scale for problem in problems]
     teacher_scales = [problem.teacher_scale for problem in problems]
     causal = problems[0].causal
     if torch.compiler.is_compiling():
         roles = [[problem[index] for problem in inputs] for index in range(4)]
-        return attention_kl_grouped_fwd_op(*roles, student_scales, teacher_scales, causal)[0]
+        return attention_kl_grouped_fwd_op(*roles, student_scales, teacher_scales, causal, lse, lse_teacher)[0]
     flat = [tensor for problem in inputs for tensor in problem]
-    return _GroupedAttentionKLFunction.apply(student_scales, teacher_scales, causal, *flat)
+    return _GroupedAttentionKLFunction.apply(student_scales, teacher_scales, causal, lse, lse_teacher, *flat)
