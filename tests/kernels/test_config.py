@@ -67,5 +67,5 @@ def test_a_bad_variable_does_not_break_importing_the_package():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
                             cwd=Path(__file__).resolve().parents[2])
     assert result.returncode == 0, result.stderr
-    expected = "environment variable CL_STREAMKL_BACKWARD must be one of split, onepass; got 'banana'"
+    expected = "environment variable CL_STREAMKL_BACKWARD must be one of auto, split, onepass; got 'banana'"
     assert result.stdout.strip() == expected
