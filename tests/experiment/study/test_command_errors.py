@@ -1,5 +1,5 @@
-"""Bad input to ``cl-streamkl study``: one line on stderr, exit status 2, and nothing written (issue 43:
-names from a handed file stay inside --out, an archive of another plan is refused before unpacking,
+"""Bad input to ``cl-streamkl study``: one line on stderr, exit status 2, and nothing written (names
+from a handed file stay inside --out, an archive of another plan is refused before unpacking,
 damaged archives and reports are refused before anything is written)."""
 
 from __future__ import annotations
