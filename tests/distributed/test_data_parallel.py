@@ -336,6 +336,17 @@ def tiny_vit(seed: int = 0) -> torch.nn.Module:
                              depth=2, embed_dim=32, num_heads=2)
 
 
+def plugin_iteration(plugin: StreamKLPlugin, strategy: SimpleNamespace, labels: torch.Tensor) -> None:
+    """One training iteration of ``strategy.model`` on ``strategy.mb_x`` with the plugin's callbacks
+    where Avalanche's template calls them: forward, cross-entropy plus the penalty, backward."""
+    plugin.before_forward(strategy)
+    logits = strategy.model(strategy.mb_x)
+    plugin.after_forward(strategy)
+    strategy.loss = F.cross_entropy(logits, labels)
+    plugin.before_backward(strategy)
+    strategy.loss.backward()
+
+
 def test_streamkl_plugin_through_a_ddp_wrapper(process_group_of_one):
     model = tiny_vit()
     wrapped = DistributedDataParallel(model)
@@ -351,13 +362,8 @@ def test_streamkl_plugin_through_a_ddp_wrapper(process_group_of_one):
 
     def step(student: torch.nn.Module) -> tuple[float, list[torch.Tensor]]:
         model.zero_grad()
-        strategy.model = student
-        plugin.before_forward(strategy)
-        logits = student(strategy.mb_x)  # through the wrapper, which reduces the gradients
-        plugin.after_forward(strategy)
-        strategy.loss = F.cross_entropy(logits, torch.tensor([0, 1, 2]))
-        plugin.before_backward(strategy)
-        strategy.loss.backward()
+        strategy.model = student  # the forward runs through the wrapper, which reduces the gradients
+        plugin_iteration(plugin, strategy, torch.tensor([0, 1, 2]))
         return plugin.last_penalty, [param.grad.clone() for param in model.parameters()]
 
     (wrapped_penalty, wrapped_grads), (plain_penalty, plain_grads) = step(wrapped), step(model)
@@ -395,12 +401,7 @@ def test_a_compiled_model_distils_through_a_ddp_wrapper(process_group_of_one):
             for param, delta in zip(module.parameters(), perturbation, strict=True):
                 param.add_(delta)
         module.zero_grad()
-        plugin.before_forward(strategy)
-        logits = student(x)
-        plugin.after_forward(strategy)
-        strategy.loss = F.cross_entropy(logits, labels)
-        plugin.before_backward(strategy)
-        strategy.loss.backward()
+        plugin_iteration(plugin, strategy, labels)
         return plugin.last_penalty, [param.grad.clone() for param in module.parameters()], plugin.teacher
 
     (penalty, grads, teacher), (eager_penalty, eager_grads, _) = step(wrapped, compiled), step(eager, eager)

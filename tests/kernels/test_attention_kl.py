@@ -78,12 +78,22 @@ def error_bound(dtype, baseline_error: float) -> float:
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_matches_reference_values_and_student_grads(backend, dtype, shape, device):
+    check_against_reference(shape, dtype, backend, device)
+
+
+def check_against_reference(shape, dtype, backend, device, given_lse=None, atol=0.0):
+    """attention_kl's rows and student gradients on seeded inputs of ``shape`` against float64.
+
+    ``given_lse(q, k, q_t, k_t, causal)``, if given, returns the log-sum-exp keywords to pass;
+    ``atol`` as in :func:`assert_values_and_student_grads`.
+    """
     torch.manual_seed(0)
     causal = shape[-1]
-    q, k, q_t, k_t = make_inputs(shape, dtype, device)
-    ref = attention_kl_reference(q, k, q_t, k_t, causal=causal, reduction="none")
-    out = attention_kl(q, k, q_t, k_t, causal=causal, reduction="none", backend=backend)
-    assert_values_and_student_grads(out, ref, (q, k, q_t, k_t), causal)
+    inputs = make_inputs(shape, dtype, device)
+    ref = attention_kl_reference(*inputs, causal=causal, reduction="none")
+    lse = given_lse(*inputs, causal) if given_lse is not None else {}
+    out = attention_kl(*inputs, causal=causal, reduction="none", backend=backend, **lse)
+    assert_values_and_student_grads(out, ref, inputs, causal, atol=atol)
 
 
 def assert_values_and_student_grads(out, ref, inputs, causal, atol=0.0):

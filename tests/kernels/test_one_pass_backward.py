@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_attention_kl import DTYPE_IDS, DTYPES, error_bound, low_precision_rows, make_inputs, rel_err
+from test_attention_kl import DTYPE_IDS, DTYPES, error_bound, low_precision_rows, make_inputs, rel_err, shape_id
 
 from cl_streamkl import attention_kl, attention_kl_grouped, attention_kl_reference
 from cl_streamkl.kernels.config import KernelOptions, kernel_options
@@ -22,11 +22,6 @@ SHAPES = [
     (1, 2, 17, 40, 32, 80, False),
     (1, 1, 50, 50, 80, 80, True),
 ]
-
-
-def shape_id(shape) -> str:
-    batch, heads, n_q, n_k, d_s, d_t, causal = shape
-    return f"B{batch}-H{heads}-Nq{n_q}-Nk{n_k}-Ds{d_s}-Dt{d_t}" + ("-causal" if causal else "")
 
 
 def gradients(inputs, causal, upstream, backward):

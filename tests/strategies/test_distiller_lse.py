@@ -9,7 +9,7 @@ import pytest
 import torch
 from strategy_helpers import IMAGE, perturb, tiny_model
 
-from cl_streamkl.capture import TeacherQK
+from cl_streamkl.capture import QKCapture, TeacherQK
 from cl_streamkl.strategies import AttentionDistiller
 from cl_streamkl.strategies import distiller as distiller_module
 from cl_streamkl.strategies.distiller import known_lse
@@ -48,13 +48,19 @@ def test_known_lse_is_used_only_where_valid(temperature, blocks, student, teache
         assert given == (student, teacher)
 
 
-def test_cpu_penalty_falls_back_although_the_capture_recorded_lse(monkeypatch: pytest.MonkeyPatch) -> None:
+def captured_forward(distiller: AttentionDistiller) -> tuple[torch.Tensor, QKCapture]:
+    """A tiny ViT made the distiller's teacher, then one forward of it as the student, captured."""
     model = tiny_model("vit", depth=2)
-    distiller = AttentionDistiller(layers="all", backend="torch")
     distiller.update_teacher(model)
     x = torch.randn(2, *IMAGE)
     with distiller.student_capture(model) as capture:
         model(x)
+    return x, capture
+
+
+def test_cpu_penalty_falls_back_although_the_capture_recorded_lse(monkeypatch: pytest.MonkeyPatch) -> None:
+    distiller = AttentionDistiller(layers="all", backend="torch")
+    x, capture = captured_forward(distiller)
     assert all(lse is not None for lse in capture.lse)  # the CPU's flash backend saved them
     seen = []
     grouped = distiller_module.attention_kl_grouped
@@ -102,10 +108,6 @@ def test_a_subclass_with_its_own_layer_penalties_gets_the_problems_alone(monkeyp
             return torch.zeros(len(problems))
 
     monkeypatch.setattr(distiller_module, "known_lse", lambda *args: pytest.fail("asked for log-sum-exps"))
-    model = tiny_model("vit", depth=2)
     distiller = Counting(layers="all", backend="torch")
-    distiller.update_teacher(model)
-    x = torch.randn(2, *IMAGE)
-    with distiller.student_capture(model) as capture:
-        model(x)
+    x, capture = captured_forward(distiller)
     assert distiller.penalty(x, capture.qk, student_scales=capture.scales, student_lse=capture.lse).item() == 0.0
