@@ -54,6 +54,13 @@ def _backward_schema(inputs: str, scales: str) -> str:
     return f"(Tensor grad_rows, {fields}) -> Tensor[]"
 
 
+def _differentiated_roles(fields: tuple) -> tuple:
+    """Of the backward's :class:`BackwardInputs` fields, the roles that get gradients, in the
+    backward's output order: q, k, and with the teacher's gradient q_teacher, k_teacher."""
+    saved = BackwardInputs(*fields)
+    return (saved.q, saved.k, saved.q_teacher, saved.k_teacher) if saved.teacher_grad else (saved.q, saved.k)
+
+
 @torch.library.custom_op("cl_streamkl::attention_kl_bwd", mutates_args=(), schema=_backward_schema("Tensor", "float"))
 def attention_kl_bwd_op(grad_rows: torch.Tensor, *fields) -> list[torch.Tensor]:
     """Custom op around :func:`launch_backward`; ``fields`` are those of :class:`BackwardInputs`."""
@@ -62,9 +69,7 @@ def attention_kl_bwd_op(grad_rows: torch.Tensor, *fields) -> list[torch.Tensor]:
 
 @attention_kl_bwd_op.register_fake
 def _attention_kl_bwd_fake(grad_rows, *fields):
-    saved = BackwardInputs(*fields)
-    roles = (saved.q, saved.k, saved.q_teacher, saved.k_teacher) if saved.teacher_grad else (saved.q, saved.k)
-    return [empty_gradient_for(tensor) for tensor in roles]
+    return [empty_gradient_for(tensor) for tensor in _differentiated_roles(fields)]
 
 
 @torch.library.custom_op(
@@ -92,9 +97,7 @@ def attention_kl_grouped_bwd_op(grad_rows: torch.Tensor, *fields) -> list[torch.
 
 @attention_kl_grouped_bwd_op.register_fake
 def _attention_kl_grouped_bwd_fake(grad_rows, *fields):
-    saved = BackwardInputs(*fields)
-    roles = (saved.q, saved.k, saved.q_teacher, saved.k_teacher) if saved.teacher_grad else (saved.q, saved.k)
-    return [empty_gradient_for(tensor) for role in roles for tensor in role]
+    return [empty_gradient_for(tensor) for role in _differentiated_roles(fields) for tensor in role]
 
 
 def _save_for_backward(ctx, inputs: Sequence[torch.Tensor], outputs, options: tuple) -> None:
