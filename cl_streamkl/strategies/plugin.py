@@ -191,10 +191,13 @@ class StreamKLPlugin(AttentionDistillationPlugin, supports_distributed=True):
     temperature=..., reduction="mean")``.
 
     Args:
-        *args, **kwargs: those of
-            :class:`~cl_streamkl.strategies.distiller.AttentionDistiller`, which documents and
-            checks them: ``alpha=1.0``, ``layers="all"``, ``temperature=1.0``,
-            ``backend="auto"``, ``compile_teacher=False``.
+        alpha: penalty weight, >= 0.
+        layers: ``"all"``, an int n (the last n blocks) or a list of block indices.
+        temperature: softmax temperature, > 0.
+        backend: ``attention_kl`` backend (``"auto"``, ``"triton"``, ``"torch"``).
+        compile_teacher: run the teacher through ``torch.compile``: ``True`` or a
+            mapping of ``torch.compile`` keyword arguments (see
+            :class:`~cl_streamkl.strategies.distiller.AttentionDistiller`).
 
     Raises:
         TypeError / ValueError: bad arguments here; a model without capturable
@@ -204,8 +207,17 @@ class StreamKLPlugin(AttentionDistillationPlugin, supports_distributed=True):
     state_format = "cl_streamkl.StreamKLPlugin/2"
     previous_state_format = "cl_streamkl.StreamKLPlugin/1"
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(AttentionDistiller(*args, **kwargs))
+    def __init__(
+        self,
+        alpha: float = 1.0,
+        layers: LayerSpec = "all",
+        temperature: float = 1.0,
+        backend: str = "auto",
+        compile_teacher: bool | Mapping[str, Any] = False,
+    ) -> None:
+        super().__init__(AttentionDistiller(
+            alpha=alpha, layers=layers, temperature=temperature, backend=backend, compile_teacher=compile_teacher
+        ))
 
     def __repr__(self) -> str:
         d = self.distiller
@@ -224,7 +236,7 @@ class PADPlugin(AttentionDistillationPlugin, supports_distributed=True):
     Args:
         alpha: penalty weight, >= 0.
         layers: ``"all"``, an int n (the last n blocks) or a list of block indices.
-        compile_teacher: as for :class:`~cl_streamkl.strategies.distiller.AttentionDistiller`.
+        compile_teacher: as for :class:`StreamKLPlugin`.
         streaming: True: pool the attention without materialising the maps; False:
             materialise them; "auto" (default): stream when a map would hold more than
             :data:`~cl_streamkl.strategies.pooled_attention.STREAMING_THRESHOLD` entries.
