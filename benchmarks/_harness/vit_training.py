@@ -44,7 +44,7 @@ class EagerAttentionDistiller(AttentionDistiller):
 
     def penalty(
         self, x: torch.Tensor, student_qk: QKPairs, *, student_scales: Sequence[float] | None = None,
-        teacher: TeacherQK | None = None,
+        teacher: TeacherQK | None = None, student_lse: Sequence[torch.Tensor | None] | None = None,
     ) -> torch.Tensor:
         """``alpha`` · mean over blocks of the row-mean KL(P_teacher ‖ P_student).
 
@@ -53,6 +53,7 @@ class EagerAttentionDistiller(AttentionDistiller):
             student_qk: per block (q, k), each (B, H, N, D), from :meth:`student_capture`.
             student_scales: per block softmax scale (``capture.scales``); None: D**-0.5.
             teacher: ``teacher_qk(x)`` if already run, else None (run here).
+            student_lse: taken as the distiller's is, unused: the eager code computes its own.
         """
         teacher_capture = self.teacher_qk(x) if teacher is None else teacher
         scales = [None] * len(student_qk) if student_scales is None else student_scales
@@ -70,7 +71,7 @@ class TeacherOnlyDistiller(AttentionDistiller):
 
     def penalty(
         self, x: torch.Tensor, student_qk: QKPairs, *, student_scales: Sequence[float] | None = None,
-        teacher: TeacherQK | None = None,
+        teacher: TeacherQK | None = None, student_lse: Sequence[torch.Tensor | None] | None = None,
     ) -> torch.Tensor:
         """Zero (on ``x``'s device), after the teacher's forward on ``x`` unless ``teacher`` is given."""
         if teacher is None:
@@ -120,7 +121,9 @@ class Trainer:
                 teacher = self.distiller.teacher_qk(images)
                 with self.distiller.student_capture(self.model) as capture:
                     logits = self.model(images)
-                penalty = self.distiller.penalty(images, capture.qk, student_scales=capture.scales, teacher=teacher)
+                # As the plugin: the student's log-sum-exps, which the kernels reuse where they fit.
+                penalty = self.distiller.penalty(images, capture.qk, student_scales=capture.scales, teacher=teacher,
+                                                 student_lse=capture.lse)
                 # Leave the teacher's Q/K to the penalty's graph, whose backward runs first and
                 # frees them; a reference held through the whole backward keeps them alive (about
                 # 0.6 GB at 1025 tokens, batch 16) while the student's gradients are allocated.
