@@ -76,7 +76,8 @@ class CaptureOnlyDistiller(AttentionDistiller):
     def teacher_qk(self, x: torch.Tensor) -> None:
         return None
 
-    def penalty(self, x: torch.Tensor, student_qk, *, student_scales=None, teacher=None) -> torch.Tensor:
+    def penalty(self, x: torch.Tensor, student_qk, *, student_scales=None, teacher=None,
+                student_lse=None) -> torch.Tensor:
         return torch.zeros((), device=x.device)
 
 
