@@ -14,7 +14,7 @@ import platform
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -22,10 +22,8 @@ from cl_streamkl._provenance import git_commit
 from cl_streamkl.experiment.config import ExperimentConfig
 from cl_streamkl.experiment.config_file import CONFIG_FILE
 from cl_streamkl.experiment.files import write_text_atomically
+from cl_streamkl.experiment.run_result import RunResult
 from cl_streamkl.experiment.summary import SCALAR_METRICS, summary_markdown
-
-if TYPE_CHECKING:
-    from cl_streamkl.experiment.runner import RunResult
 
 RESULTS_FILE = "results.json"
 RUNS_CSV = "results.csv"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +17,6 @@ from avalanche.training.plugins.clock import Clock
 from torch import nn
 
 from cl_streamkl.distributed.data_parallel import DataParallel, resolve_device
-from cl_streamkl.experiment.accuracy_matrix import (
-    average_accuracy_per_experience,
-    average_forgetting,
-    backward_transfer,
-    final_average_accuracy,
-    learning_accuracy,
-    stream_accuracy,
-)
 from cl_streamkl.experiment.checkpoint import (
     RunIdentity,
     load_checkpoint,
@@ -42,6 +34,7 @@ from cl_streamkl.experiment.lr_schedule import LRSchedulePlugin
 from cl_streamkl.experiment.plugin_state import load_plugin_state, plugin_state
 from cl_streamkl.experiment.preflight import build_run_model, build_run_stream, check_experiment
 from cl_streamkl.experiment.progress import ProgressPlugin
+from cl_streamkl.experiment.run_result import RunResult
 from cl_streamkl.experiment.strategy_plugins import build_plugins
 from cl_streamkl.experiment.template import AmpSupervisedTemplate
 
@@ -53,62 +46,6 @@ AfterExperience = Callable[[int, int], None]
 # An experience counts as learned once its accuracy right after training reaches this
 # multiple of chance; below it the table's forgetting and transfer mean little.
 LEARNED_OVER_CHANCE = 1.5
-
-
-@dataclass
-class RunResult:
-    """Outcome of one strategy on one seed.
-
-    Attributes:
-        accuracy_matrix: (T, T) nested list, ``[i][j]`` = accuracy on experience j after
-            training experience i, as the scenario measures it: Class-IL accuracy (one
-            head, all classes) in ``class``, Task-IL accuracy (experience j's own head)
-            in ``task``, accuracy under experience j's input shift in ``domain``. For
-            ``joint``, trained once on every experience's data, all T rows are the one
-            evaluation after that training (so forgetting and transfer are 0).
-        task_il_matrix: ``class`` only: (T, T) like ``accuracy_matrix`` but each
-            prediction restricted to the evaluated experience's classes (Task-IL
-            accuracy of the shared head); empty in other scenarios.
-        eval_sizes: evaluation samples per experience (weights of the stream accuracy;
-            empty in results written before it was recorded).
-        penalties: attention-distillation penalty (StreamKL or PAD) after every training
-            iteration (empty without one).
-        wall_time_s: training plus evaluation time, summed over every start when resumed
-            (rank 0's in a data-parallel run).
-        peak_memory_mb: this run's own peak, in MiB: CUDA peak allocated memory on a GPU;
-            on a CPU the peak resident set size of the process sampled while this run
-            trained and evaluated (it includes the data and libraries the process holds,
-            so compare strategies by their differences). The largest over the processes
-            of a data-parallel run.
-    """
-
-    strategy: str
-    seed: int
-    class_order: list[int]
-    accuracy_matrix: list[list[float]]
-    task_il_matrix: list[list[float]] = field(default_factory=list)
-    eval_sizes: list[int] = field(default_factory=list)
-    penalties: list[float] = field(default_factory=list)
-    wall_time_s: float = 0.0
-    peak_memory_mb: float = 0.0
-
-    def metrics(self) -> dict[str, Any]:
-        """The derived metrics: average accuracies, forgetting, BWT, learning accuracy."""
-        return {
-            "average_accuracy": average_accuracy_per_experience(self.accuracy_matrix),
-            "final_average_accuracy": final_average_accuracy(self.accuracy_matrix),
-            "stream_accuracy": (stream_accuracy(self.accuracy_matrix, self.eval_sizes)
-                                if self.eval_sizes else None),
-            "average_forgetting": average_forgetting(self.accuracy_matrix),
-            "backward_transfer": backward_transfer(self.accuracy_matrix),
-            "learning_accuracy": learning_accuracy(self.accuracy_matrix),
-            "final_task_il_accuracy": (final_average_accuracy(self.task_il_matrix)
-                                       if self.task_il_matrix else None),
-            "mean_penalty": (sum(self.penalties) / len(self.penalties)) if self.penalties else None,
-        }
-
-    def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), **self.metrics()}
 
 
 def checkpoint_path(out_dir: Path, strategy: str, seed: int) -> Path:

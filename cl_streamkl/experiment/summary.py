@@ -7,14 +7,12 @@ the paired differences are shown in percent and percentage points.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from cl_streamkl.experiment.run_result import RunResult
 from cl_streamkl.experiment.statistics import format_paired, mean_std
-
-if TYPE_CHECKING:
-    from cl_streamkl.experiment.runner import RunResult
 
 SCALAR_METRICS = ("final_average_accuracy", "stream_accuracy", "average_forgetting", "backward_transfer",
                   "learning_accuracy", "final_task_il_accuracy")

@@ -8,7 +8,7 @@ from cl_streamkl.experiment.accuracy_matrix import (
     average_accuracy_per_experience, average_forgetting, backward_transfer, final_average_accuracy,
     learning_accuracy,
 )
-from cl_streamkl.experiment.runner import RunResult
+from cl_streamkl.experiment.run_result import RunResult
 from cl_streamkl.experiment.statistics import mean_std
 from cl_streamkl.experiment.summary import format_markdown_table, format_table, summarize
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from cl_streamkl.experiment.plots import accuracy_matrix_figure, average_accuracy_figure
-from cl_streamkl.experiment.runner import RunResult
+from cl_streamkl.experiment.run_result import RunResult
 from cl_streamkl.experiment.summary import summarize
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cl_streamkl.experiment.runner import RunResult
+from cl_streamkl.experiment.run_result import RunResult
 from cl_streamkl.experiment.accuracy_matrix import stream_accuracy
 from cl_streamkl.experiment.statistics import (
     comparison_pairs, format_paired, holm_adjust, mean_std, paired_comparisons, paired_t_test, t_interval,

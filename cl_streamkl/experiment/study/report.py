@@ -13,6 +13,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from cl_streamkl.experiment.run_result import RunResult
 from cl_streamkl.experiment.study.comparisons import in_family, listed, verdicts
 from cl_streamkl.experiment.study.plan import (
     SCENARIOS, Unit, choose, fingerprint, first_units, test_units, tuning_units,
@@ -47,9 +48,7 @@ def _metrics(record: dict[str, Any]) -> dict[str, float | None]:
     return {name: record.get(key) for name, key in PAIRED_METRICS.items()}
 
 
-def _run_result(record: dict[str, Any]) -> Any:
-    from cl_streamkl.experiment.runner import RunResult
-
+def _run_result(record: dict[str, Any]) -> RunResult:
     fields = {f.name for f in dataclasses.fields(RunResult)}
     return RunResult(**{k: v for k, v in record.items() if k in fields})
 

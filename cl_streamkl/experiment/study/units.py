@@ -248,7 +248,8 @@ def _shared_experiences(unit: Unit, plan: dict[str, Any]) -> int:
 def _keep_first_experience(unit: Unit, config: ExperimentConfig, out: Path, root: str) -> Any:
     """Move a ``first`` unit's checkpoint to :func:`first_path`; its result so far."""
     from cl_streamkl.experiment.checkpoint import RunIdentity, load_checkpoint
-    from cl_streamkl.experiment.runner import RunResult, checkpoint_path
+    from cl_streamkl.experiment.run_result import RunResult
+    from cl_streamkl.experiment.runner import checkpoint_path
 
     source, target = checkpoint_path(out, unit.strategy, unit.seed), first_path(root, unit)
     state = load_checkpoint(source, RunIdentity(unit.strategy, unit.seed, config.fingerprint_json()))

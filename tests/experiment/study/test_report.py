@@ -9,7 +9,7 @@ import json
 import pytest
 from study_helpers import tiny_plan
 
-from cl_streamkl.experiment.runner import RunResult
+from cl_streamkl.experiment.run_result import RunResult
 from cl_streamkl.experiment.study.comparisons import earlier_final_accuracy, verdicts
 from cl_streamkl.experiment.study.outputs import write_outputs
 from cl_streamkl.experiment.study.plan import check_plan, first_units, tuning_units
