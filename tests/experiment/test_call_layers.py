@@ -1,4 +1,4 @@
-"""The command line's calls go down the import floors; the few that climb back up are listed here.
+"""``cl-streamkl run`` and ``study`` call down the import floors; the few climbs back up are listed here.
 
 A module's floor is one more than the highest floor it imports (circles share a floor). A call
 from a function to one on a higher floor is a climb back up: the callee's module imports the
@@ -18,6 +18,9 @@ import networkx as nx
 import pytest
 from cli_helpers import TINY
 
+sys.path.insert(0, str(Path(__file__).parent / "study"))
+from study_helpers import tiny_plan, write_plan  # noqa: E402
+
 from cl_streamkl.experiment import cli
 
 PACKAGE = Path(cli.__file__).resolve().parents[1]
@@ -31,6 +34,9 @@ CLIMBS = {
     ("experiment.files", "experiment.checkpoint", "<lambda>"): "write_atomically calls the writer it is given",
     ("experiment.files", "experiment.plots", "<lambda>"): "write_atomically calls the writer it is given",
     ("experiment.runner", "experiment.cli", "warn"): "the runner warns through the callback the command gives",
+    ("experiment.files", "experiment.study.units", "<lambda>"): "write_atomically calls the writer it is given",
+    ("experiment.runner", "experiment.study.units", "after_experience"):
+        "the runner reports each finished experience to the callback a study unit gives",
     ("strategies.distiller", "strategies.pooled_attention", "layer_penalties"):
         "PAD's distiller overrides the per-layer penalty of the distiller it extends",
     ("strategies.distiller", "strategies.pooled_attention", "_config"):
@@ -78,8 +84,19 @@ def test_relative_imports_are_not_used_so_the_floors_see_every_import():
         assert not any(isinstance(n, ast.ImportFrom) and n.level for n in ast.walk(tree)), path
 
 
+def _run(tmp_path: Path) -> list[str]:
+    return ["run", *TINY, "--strategies", "naive", "streamkl", "replay", "lwf", "ewc", "pad", "--experiences", "2",
+            "--out", str(tmp_path / "run")]
+
+
+def _study(tmp_path: Path) -> list[str]:
+    plan = write_plan(tmp_path / "plan.yaml", tiny_plan())
+    return ["study", str(plan), "--workers", "0", "--part", "tune", "--max-units", "2", "--out", str(tmp_path / "study")]
+
+
 @pytest.mark.filterwarnings("ignore")
-def test_a_run_climbs_back_up_only_where_listed(tmp_path, monkeypatch):
+@pytest.mark.parametrize("command", [_run, _study], ids=["run", "study"])
+def test_a_command_climbs_back_up_only_where_listed(tmp_path, monkeypatch, command):
     floors = _floors()
     files = {str(path): _module(path) for path in PACKAGE.rglob("*.py")}
     climbs: Counter[tuple[str, str, str]] = Counter()
@@ -95,8 +112,7 @@ def test_a_run_climbs_back_up_only_where_listed(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     sys.setprofile(watch)
     try:
-        status = cli.main(["run", *TINY, "--strategies", "naive", "streamkl", "replay", "lwf", "ewc", "pad",
-                           "--experiences", "2", "--out", str(tmp_path / "run")])
+        status = cli.main(command(tmp_path))
     finally:
         sys.setprofile(None)
     assert status == 0
