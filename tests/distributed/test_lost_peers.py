@@ -38,6 +38,13 @@ import torch
 from cl_streamkl.distributed.data_parallel import start_data_parallel, stop_data_parallel
 
 scenario, rank = sys.argv[1], int(os.environ["RANK"])
+# Both ranks meet here, imports done, before the group starts: on a loaded machine one rank's
+# imports can take longer than the short timeout, which would fail the start, not the scenario.
+ready = os.path.join(sys.argv[3], f"{scenario}-ready-")
+open(ready + str(rank), "w").close()
+deadline = time.monotonic() + 60
+while not os.path.exists(ready + str(1 - rank)) and time.monotonic() < deadline:
+    time.sleep(0.01)
 data_parallel = start_data_parallel("cpu", float(sys.argv[2]))
 model = data_parallel.wrap(torch.nn.Linear(4, 1))
 try:
@@ -73,13 +80,14 @@ def _environment(rank: int, port: int) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory) -> dict[str, list[dict]]:
     """Each scenario's outcome on rank 0 and rank 1 (the rank that dies reports nothing)."""
-    script = tmp_path_factory.mktemp("lost_peers") / "rank.py"
+    folder = tmp_path_factory.mktemp("lost_peers")
+    script = folder / "rank.py"
     script.write_text(RANK)
     launches = {}
     for scenario in ("hangs", "dies"):
         port = _free_port()
         launches[scenario] = [
-            subprocess.Popen([sys.executable, str(script), scenario, str(TIMEOUT_S)], cwd=REPOSITORY,
+            subprocess.Popen([sys.executable, str(script), scenario, str(TIMEOUT_S), str(folder)], cwd=REPOSITORY,
                              env=_environment(rank, port), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for rank in (0, 1)]
     found = {}
