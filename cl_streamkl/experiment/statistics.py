@@ -118,7 +118,7 @@ def paired_comparisons(results: Sequence[Any], scenario: str = "class", scale: f
     """Paired differences (strategy − baseline) over the seeds both ran, as fractions (times ``scale``).
 
     Args:
-        results: :class:`~cl_streamkl.experiment.runner.RunResult` of every run.
+        results: :class:`~cl_streamkl.experiment.run_result.RunResult` of every run.
         scenario: the runs' scenario (decides which names are valid strategies).
         scale: multiplies the differences: 1 keeps the metrics' fractions, 100 gives
             percentage points.
