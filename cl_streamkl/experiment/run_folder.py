@@ -31,10 +31,13 @@ def refuse_used_folder(out_dir: Path, resume: bool) -> None:
     """A new run needs a folder that holds no run (``--resume`` continues one).
 
     Raises:
-        ValueError: ``out_dir`` holds a run and ``resume`` is False.
+        ValueError: ``out_dir`` is, or lies under, a file; or it holds a run and ``resume`` is False.
     """
     from cl_streamkl.experiment.config_file import CONFIG_FILE
 
+    blocking = next((p for p in (out_dir, *out_dir.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise ValueError(f"--out {out_dir}: {blocking} is a file, not a folder")
     if not resume and (out_dir / CONFIG_FILE).exists():
         raise ValueError(f"{str(out_dir)!r} already holds a run; pass --resume {out_dir} or another --out")
 

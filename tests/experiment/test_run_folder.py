@@ -57,3 +57,14 @@ def test_resuming_a_folder_in_use_is_refused(tmp_path, capsys, lock_holder):
     assert cli.main(["run", "--resume", str(out), "--no-progress"]) == 2
     assert "is in use by another cl-streamkl run" in one_line_error(capsys)
     assert (out / "results.json").read_bytes() == results
+
+
+@pytest.mark.parametrize("under", [False, True], ids=["out a file", "out under a file"])
+def test_an_out_that_is_or_lies_under_a_file_is_refused_in_one_line(tmp_path, capsys, under):
+    blocking = tmp_path / "notes.txt"
+    blocking.write_text("mine\n")
+    out = blocking / "run" if under else blocking
+    assert cli.main(["run", *SMALL, "--out", str(out)]) == 2
+    assert f"--out {out}: {blocking} is a file, not a folder" in one_line_error(capsys)
+    assert blocking.read_text() == "mine\n" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+

@@ -150,6 +150,9 @@ def _argument_error(args: argparse.Namespace, plan: dict[str, Any]) -> str | Non
         path = getattr(args, name)
         if path is not None and (path.is_dir() if name != "out" else path.exists() and not path.is_dir()):
             return f"--{name} {path} is {'a folder' if name != 'out' else 'not a folder'}"
+        blocking = None if path is None else next((p for p in path.parents if p.exists() and not p.is_dir()), None)
+        if blocking is not None:
+            return f"--{name} {path}: {blocking} is a file, not a folder"
     return None
 
 

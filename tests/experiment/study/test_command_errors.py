@@ -113,6 +113,10 @@ CASES = {
     "out a file": (lambda t, p: ["--out", str(_file(t, "out", "x"))], "is not a folder"),
     "json a folder": (lambda t, p: ["--json", str(t)], "is a folder"),
     "archive a folder": (lambda t, p: ["--archive", str(t)], "is a folder"),
+    "out under a file": (lambda t, p: ["--out", str(_file(t, "out", "x") / "run")], "is a file, not a folder"),
+    "json under a file": (lambda t, p: ["--json", str(_file(t, "json", "x") / "r.json")], "is a file, not a folder"),
+    "archive under a file": (lambda t, p: ["--archive", str(_file(t, "archive", "x") / "a.tar.gz")],
+                             "is a file, not a folder"),
 }
 
 
