@@ -11,6 +11,8 @@ models' attention computes them anyway:
 * Without gradients (the frozen teacher) SDPA asks no backend for it, so
   :func:`attention_with_lse` calls the backend op SDPA would pick
   (``torch._fused_sdp_choice``) with ``compute_log_sumexp=True``: the same output, plus the LSE.
+* Inside a compiled forward (the compiled teacher) the backend is picked once, outside the
+  traced code, by :func:`lse_backend`, and :func:`run_with_lse` runs its op in SDPA's place.
 
 Each hands back a (B, H, Nq) float32 view in natural log, or None where there is none: the
 math backend, a head dim the backend would pad, an op whose signature this torch spells
@@ -21,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["attention_with_lse", "lse_from_node"]
+__all__ = ["attention_with_lse", "lse_backend", "lse_from_node", "run_with_lse"]
 
 _LSE_ATTRIBUTES = ("_saved_logsumexp", "_saved_log_sumexp")
 
@@ -63,7 +65,9 @@ def _backend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropou
 def _run_backend(backend: int, query, key, value, dropout_p: float, scale: float | None):
     """(output, lse) of the aten op of ``backend`` (1 flash, 2 efficient, 3 cuDNN), or None."""
     aten = torch.ops.aten
-    if backend == 1 and query.size(-1) % 8 == 0:  # SDPA pads other head dims for flash; not this path.
+    if backend == 1 and query.device.type == "cpu":  # The CPU's flash kernel always keeps its LSE.
+        result = aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, False, scale=scale)
+    elif backend == 1 and query.size(-1) % 8 == 0:  # SDPA pads other head dims for flash; not this path.
         result = aten._scaled_dot_product_flash_attention(query, key, value, dropout_p, False, False, scale=scale)
     elif backend == 2:
         result = aten._scaled_dot_product_efficient_attention(query, key, value, None, True, dropout_p, False,
@@ -74,6 +78,55 @@ def _run_backend(backend: int, query, key, value, dropout_p: float, scale: float
     else:
         return None
     return result[0], result[1]
+
+
+def lse_backend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scale: float | None = None) -> int | None:
+    """The fused backend :func:`run_with_lse` would run for these inputs without a mask, or None.
+
+    Picked outside a compiled region (``torch._fused_sdp_choice`` is no traceable op) from
+    example inputs of the call's shape, dtype and device: the backend SDPA itself would use.
+    None for the math backend, a head dim flash would pad, or a probe that fails.
+
+    Args:
+        query, key, value: (B, H, N, D) example inputs of the attention call.
+        scale: the call's ``scale`` argument (None: D**-0.5).
+    """
+    if query.dim() != 4 or query.device.type not in ("cuda", "cpu"):
+        return None
+    backend = _backend(query, key, value, 0.0, scale)
+    if backend is None or (query.device.type == "cpu" and backend != 1):
+        return None
+    with torch.no_grad():
+        try:  # One real call: a torch whose op takes other arguments fails here, not in compiled code.
+            result = _run_backend(backend, query[:1], key[:1], value[:1], 0.0, scale)
+        except (RuntimeError, TypeError, ValueError, NotImplementedError):
+            return None
+    if result is None or _rows(result[1], query.size(2)) is None:
+        return None
+    return backend
+
+
+def run_with_lse(
+    backend: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, dropout_p: float, scale: float | None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """SDPA's output for a call without a mask through ``backend``'s op, and its (B, H, Nq) LSE.
+
+    Args:
+        backend: from :func:`lse_backend` for inputs like these.
+        query, key, value: (B, H, N, D).
+        dropout_p, scale: the call's arguments.
+
+    Returns:
+        (output (B, H, Nq, Dv), LSE (B, H, Nq) float32 natural log, or None if its layout is unknown).
+
+    Raises:
+        ValueError: ``backend`` runs no op for these inputs.
+    """
+    result = _run_backend(backend, query, key, value, dropout_p, scale)
+    if result is None:
+        raise ValueError(f"run_with_lse: backend {backend} has no log-sum-exp op for {query.device.type} inputs "
+                         f"with head dim {query.size(-1)}")
+    return result[0], _rows(result[1], query.size(2))
 
 
 def attention_with_lse(

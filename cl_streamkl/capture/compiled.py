@@ -33,10 +33,16 @@ from typing import Any
 import torch
 from torch import nn
 
+from cl_streamkl.capture.attention_lse import lse_backend
 from cl_streamkl.capture.compiled_model import is_compiled
 from cl_streamkl.capture.context import QKCapture
 from cl_streamkl.capture.layers import LayerSpec, find_attention_modules, resolve_layer_indices
 from cl_streamkl.capture.recording import MATCH_RTOL, Record, SdpaRecorder, input_signature, qk_error
+
+# Compiled and eager log-sum-exps of one block differ by the rounding of their Q/K; any
+# difference is harmless to the KL (its forward renormalises the teacher's rows by σ), so
+# this bound only catches an LSE that belongs to other scores.
+LSE_MATCH_ATOL = 0.5
 
 __all__ = ["CompiledQK", "TeacherQK", "check_compile_options"]
 
@@ -48,9 +54,9 @@ class TeacherQK:
     Attributes:
         qk: per selected block (ascending), q (B, H, Nq, D) and k (B, H, Nk, D).
         scales: the softmax scale each of those blocks applies to ``q kᵀ``.
-        lse: per block the log-sum-exp of its score rows where the forward recorded one
-            (:attr:`QKCapture.lse`), else None; None for the whole list when none was recorded
-            (the compiled forward records none).
+        lse: per block the (B, H, Nq) log-sum-exp of its score rows where the forward recorded
+            one (:attr:`QKCapture.lse`; the compiled forward's fused attention op), else None;
+            None for the whole list when none was recorded.
     """
 
     qk: list[tuple[torch.Tensor, torch.Tensor]]
@@ -87,19 +93,35 @@ def check_compile_options(compile_teacher: object) -> dict[str, Any] | None:
 
 
 def _recorded_qk(
-    model: nn.Module, x: torch.Tensor, block_indices: tuple[int, ...]
-) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], int]:
-    """The recorded (query, key) of the blocks ``block_indices``, and how many calls there were.
+    model: nn.Module, x: torch.Tensor, block_indices: tuple[int, ...], lse_backend: int | None
+) -> tuple[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]], int]:
+    """The recorded (query, key, lse) of the blocks ``block_indices``, and how many calls there were.
 
     A module-level function taking the model as an argument: Dynamo lifts the weights to
     graph inputs, so every teacher of one architecture reuses one compiled graph instead
-    of spending the per-function recompile limit on each new snapshot.
+    of spending the per-function recompile limit on each new snapshot. ``lse_backend`` is
+    a constant to Dynamo: each value traces its own graph.
     """
     records: list[Record] = []
-    with SdpaRecorder(records):
+    with SdpaRecorder(records, lse_backend):
         model(x)
-    # Only the selected Q/K leave the graph, so the compiler prunes the rest.
-    return [records[i][:2] for i in block_indices if i < len(records)], len(records)
+    # Only the selected Q/K (and LSEs) leave the graph, so the compiler prunes the rest.
+    return [(records[i][0], records[i][1], records[i][4]) for i in block_indices if i < len(records)], len(records)
+
+
+def _capture_lse_backend(capture: QKCapture) -> int | None:
+    """The backend whose log-sum-exp the compiled forward can record for this teacher, or None.
+
+    On CUDA only where the eager capture got an LSE for every selected block (so this torch's
+    op takes the arguments); on the CPU where its flash kernel runs (its LSE is free).
+    """
+    if not capture.qk:
+        return None
+    q, k = capture.qk[0]
+    if q.is_cuda and any(lse is None for lse in capture.lse):
+        return None
+    # The value has the key's shape in the attention this class compiles (one SDPA call per block).
+    return lse_backend(q, k, k, capture.scales[0])
 
 
 class CompiledQK:
@@ -141,7 +163,8 @@ class CompiledQK:
         self.block_indices = resolve_layer_indices(layers, self.num_blocks)
         self.max_check_error: float | None = None
         self._scales: list[float] | None = None
-        self._checked: set[tuple] = set()
+        # Checked input signatures → the backend whose log-sum-exp the compiled forward records.
+        self._lse_backends: dict[tuple, int | None] = {}
         self._compiled = torch.compile(_recorded_qk, **options)
 
     def __call__(self, x: torch.Tensor) -> TeacherQK:
@@ -151,7 +174,8 @@ class CompiledQK:
             x: the model's input, e.g. images (B, 3, S, S).
 
         Returns:
-            The selected blocks' Q/K and scales.
+            The selected blocks' Q/K and scales, and their log-sum-exps where the model's
+            attention runs a fused backend that computes one (CUDA; the CPU's flash kernel).
 
         Raises:
             TypeError: ``x`` is not a tensor.
@@ -161,17 +185,25 @@ class CompiledQK:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"CompiledQK needs a tensor input, got {type(x).__name__}")
         with torch.no_grad():
-            qk, calls = self._compiled(self.model, x, tuple(self.block_indices))
             signature = input_signature(x)
-            if signature not in self._checked:
-                self._check_against_eager(x, qk, calls)
-                self._checked.add(signature)
-        return TeacherQK(qk=list(qk), scales=list(self._scales))
+            eager = None
+            if signature not in self._lse_backends:
+                # A new signature: the eager capture first, which also picks the LSE's backend.
+                eager = QKCapture(self.model, self.layers, stop_early=True)
+                with eager:
+                    self.model(x)
+                backend = _capture_lse_backend(eager)
+            else:
+                backend = self._lse_backends[signature]
+            recorded, calls = self._compiled(self.model, x, tuple(self.block_indices), backend)
+            if eager is not None:
+                self._check_against_eager(eager, recorded, calls)
+                self._lse_backends[signature] = backend
+        lse = [record[2] for record in recorded]
+        return TeacherQK(qk=[(q, k) for q, k, _ in recorded], scales=list(self._scales),
+                         lse=lse if backend is not None else None)
 
-    def _check_against_eager(self, x: torch.Tensor, qk: list, calls: int) -> None:
-        capture = QKCapture(self.model, self.layers, stop_early=True)
-        with capture:
-            self.model(x)
+    def _check_against_eager(self, capture: QKCapture, recorded: list, calls: int) -> None:
         model_name = type(self.model).__name__
         if calls < self.num_blocks:
             raise RuntimeError(
@@ -180,7 +212,9 @@ class CompiledQK:
                 "(timm: fused attention). Use the eager teacher (compile_teacher=False)."
             )
         errors = []
-        for block, (q, k), (q_eager, k_eager) in zip(self.block_indices, qk, capture.qk):
+        for block, (q, k, lse), (q_eager, k_eager), lse_eager in zip(
+            self.block_indices, recorded, capture.qk, capture.lse
+        ):
             if q.shape != q_eager.shape or k.shape != k_eager.shape:
                 raise RuntimeError(
                     f"compiled teacher: block {block} gave q {tuple(q.shape)}, k {tuple(k.shape)} but the eager "
@@ -188,6 +222,13 @@ class CompiledQK:
                     "not run in block order. Use the eager teacher (compile_teacher=False)."
                 )
             errors.append((block, qk_error(q, k, q_eager, k_eager)))
+            if lse is not None and lse_eager is not None:
+                gap = float((lse.double() - lse_eager.double()).abs().max())
+                if not gap <= LSE_MATCH_ATOL:
+                    raise RuntimeError(
+                        f"compiled teacher: block {block}'s log-sum-exps differ from the eager capture's by up to "
+                        f"{gap:.3g} (allowed {LSE_MATCH_ATOL}). Use the eager teacher (compile_teacher=False)."
+                    )
         worst_block, worst = max(errors, key=lambda item: item[1])
         if not worst <= MATCH_RTOL:
             raise RuntimeError(
@@ -199,4 +240,4 @@ class CompiledQK:
         self._scales = capture.scales
 
     def __repr__(self) -> str:
-        return f"CompiledQK(blocks={self.block_indices}, checked_signatures={len(self._checked)})"
+        return f"CompiledQK(blocks={self.block_indices}, checked_signatures={len(self._lse_backends)})"

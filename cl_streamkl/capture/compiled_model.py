@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from cl_streamkl.capture.attention_lse import lse_backend
 from cl_streamkl.capture.extractors import RecordQK, Removable, qk_extractor_for, register_qk_extractor
 from cl_streamkl.capture.layers import find_attention_modules
 from cl_streamkl.capture.recording import MATCH_RTOL, Record, SdpaRecorder, input_signature, qk_error
@@ -47,8 +48,9 @@ __all__ = ["compile_model", "compiled_model_checks", "is_compiled"]
 _ORIGINAL_CLASS: dict[type, type] = {}
 # What each replayed attention module passes its Q/K to, while a capture listens.
 _LISTENERS: weakref.WeakKeyDictionary[nn.Module, list[RecordQK]] = weakref.WeakKeyDictionary()
-# The input signatures of each compiled model already checked against its eager forward.
-_CHECKED: weakref.WeakKeyDictionary[nn.Module, set[tuple]] = weakref.WeakKeyDictionary()
+# Each compiled model's input signatures already checked against its eager forward, and the
+# fused backend whose log-sum-exps its compiled forward records for each (None: none).
+_CHECKED: weakref.WeakKeyDictionary[nn.Module, dict[tuple, int | None]] = weakref.WeakKeyDictionary()
 # Each compiled model's attention modules in block order, found once (its structure is fixed).
 _ATTENTION: weakref.WeakKeyDictionary[nn.Module, list[nn.Module]] = weakref.WeakKeyDictionary()
 # The largest relative Q/K difference any check has seen (None before the first).
@@ -57,10 +59,10 @@ _WORST_CHECK: list[float | None] = [None]
 RECOMPILE_LIMIT = 32
 
 
-def _recording_forward(model: nn.Module, *args: Any, **kwargs: Any) -> tuple[Any, list]:
+def _recording_forward(model: nn.Module, lse_backend: int | None, *args: Any, **kwargs: Any) -> tuple[Any, list]:
     """The eager forward of ``model``'s original class under :class:`SdpaRecorder`."""
     records: list[Record] = []
-    with SdpaRecorder(records):
+    with SdpaRecorder(records, lse_backend):
         output = _ORIGINAL_CLASS[type(model)].forward(model, *args, **kwargs)
     return output, records
 
@@ -97,11 +99,24 @@ def _signature(model: nn.Module, args: tuple, kwargs: dict) -> tuple:
     return inputs, model.training, torch.is_grad_enabled()
 
 
-def _check_against_eager(model: nn.Module, records: list, args: tuple, kwargs: dict) -> None:
+def _eager_records(model: nn.Module, args: tuple, kwargs: dict) -> list[Record]:
+    """The recorded attention calls of an eager forward without gradients, the random state kept."""
+    devices = [value.device for value in (*args, *kwargs.values())
+               if isinstance(value, torch.Tensor) and value.device.type == "cuda"]
+    with torch.no_grad(), torch.random.fork_rng(devices=devices[:1]):
+        return _recording_forward(model, None, *args, **kwargs)[1]
+
+
+def _records_lse_backend(records: list[Record]) -> int | None:
+    """The fused backend whose op the compiled forward runs in SDPA's place, keeping its LSE."""
+    if not records or not all(plain for _, _, _, plain, _ in records):
+        return None
+    q, k, scale, _, _ = records[0]
+    return lse_backend(q, k, k, scale)
+
+
+def _check_against_eager(model: nn.Module, records: list, eager: list) -> None:
     name = _ORIGINAL_CLASS[type(model)].__name__
-    device = records[0][0].device if records else torch.device("cpu")
-    with torch.no_grad(), torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        _, eager = _recording_forward(model, *args, **kwargs)
     if len(eager) != len(records):
         raise RuntimeError(f"compile_model: the compiled {name} made {len(records)} attention calls, its eager "
                            f"forward {len(eager)}; run it without --compile-model")
@@ -126,7 +141,16 @@ def _compiled_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
             # teacher's and evaluation's no-grad forwards, baselines' forwards outside
             # autocast; see _allow_recompiles).
             torch._dynamo.maybe_mark_dynamic(value, 0)
-    output, records = _compiled(_recording_forward)(self, *args, **kwargs)
+    signature = _signature(self, args, kwargs)
+    checked = _CHECKED.setdefault(self, {})
+    eager = None
+    if signature not in checked:
+        # A new signature: the eager forward first, which also picks the backend of the LSEs.
+        eager = _eager_records(self, args, kwargs)
+        backend = _records_lse_backend(eager)
+    else:
+        backend = checked[signature]
+    output, records = _compiled(_recording_forward)(self, backend, *args, **kwargs)
     attention = _ATTENTION.get(self)
     if attention is None:
         attention = _ATTENTION[self] = find_attention_modules(self)
@@ -134,17 +158,15 @@ def _compiled_forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         raise RuntimeError(f"compile_model: {_ORIGINAL_CLASS[type(self)].__name__} made {len(records)} "
                            f"F.scaled_dot_product_attention calls for {len(attention)} attention blocks; Q/K cannot "
                            "be told apart")
-    if not all(plain for *_, plain in records):
+    if not all(plain for _, _, _, plain, _ in records):
         raise RuntimeError(f"compile_model: {_ORIGINAL_CLASS[type(self)].__name__}'s attention passes a mask or "
                            "is_causal to F.scaled_dot_product_attention, so its scores are not just q kᵀ")
-    signature = _signature(self, args, kwargs)
-    checked = _CHECKED.setdefault(self, set())
-    if signature not in checked:
-        _check_against_eager(self, records, args, kwargs)
-        checked.add(signature)
-    for module, (q, k, scale, _) in zip(attention, records):
+    if eager is not None:
+        _check_against_eager(self, records, eager)
+        checked[signature] = backend
+    for module, (q, k, scale, _, lse) in zip(attention, records):
         for record in list(_LISTENERS.get(module, ())):
-            record(q, k, scale)
+            record(q, k, scale, lse)
     return output
 
 

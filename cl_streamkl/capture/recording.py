@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from cl_streamkl.capture.attention_lse import run_with_lse
+
 __all__ = ["MATCH_RTOL", "Record", "SdpaRecorder", "input_signature", "qk_error", "relative_error"]
 
 # A wrong tensor (another block's, q for k, no rotary/qk-norm) is O(1) away in relative
@@ -21,9 +23,10 @@ MATCH_RTOL = 0.1
 
 _SDPA_ARGUMENT_NAMES = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale")
 
-Record = tuple[torch.Tensor, torch.Tensor, float, bool]
-"""``(query, key, scale, plain)`` of one call; ``plain``: no mask and not causal, so the
-scores are just ``scale · q kᵀ``."""
+Record = tuple[torch.Tensor, torch.Tensor, float, bool, "torch.Tensor | None"]
+"""``(query, key, scale, plain, lse)`` of one call; ``plain``: no mask and not causal, so the
+scores are just ``scale · q kᵀ``; ``lse``: their (B, H, Nq) log-sum-exp where the recorder
+was asked for it, else None."""
 
 
 class SdpaRecorder(TorchFunctionMode):
@@ -31,11 +34,17 @@ class SdpaRecorder(TorchFunctionMode):
 
     Kept minimal on purpose: Dynamo inlines ``__torch_function__`` for every torch call of
     the forward, so anything here becomes part of the traced program.
+
+    Args:
+        records: the list to append to.
+        lse_backend: None, or the fused backend (:func:`~cl_streamkl.capture.attention_lse.lse_backend`)
+            whose op runs each plain call in SDPA's place and records its log-sum-exp.
     """
 
-    def __init__(self, records: list[Record]) -> None:
+    def __init__(self, records: list[Record], lse_backend: int | None = None) -> None:
         super().__init__()
         self.records = records
+        self.lse_backend = lse_backend
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -43,7 +52,13 @@ class SdpaRecorder(TorchFunctionMode):
             bound = {**dict(zip(_SDPA_ARGUMENT_NAMES, args)), **kwargs}
             q, k, scale = bound["query"], bound["key"], bound.get("scale")
             plain = bound.get("attn_mask") is None and not bound.get("is_causal", False)
-            self.records.append((q, k, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale, plain))
+            lse = None
+            if self.lse_backend is not None and plain and not bound.get("enable_gqa", False):
+                out, lse = run_with_lse(self.lse_backend, q, k, bound["value"], bound.get("dropout_p", 0.0), scale)
+            else:
+                out = func(*args, **kwargs)
+            self.records.append((q, k, 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale, plain, lse))
+            return out
         return func(*args, **kwargs)
 
 

@@ -46,7 +46,21 @@ def test_no_backend_op_runs_with_gradients_or_off_cuda() -> None:
     with torch.no_grad():
         assert attention_with_lse(q, q, q) is None
     assert attention_lse._run_backend(0, q, q, q, 0.0, None) is None  # math: no LSE
-    assert attention_lse._run_backend(1, q[..., :12], q[..., :12], q[..., :12], 0.0, None) is None  # padded head
+    meta = q[..., :12].to("meta")  # CUDA's flash op would see a head dim SDPA pads
+    assert attention_lse._run_backend(1, meta, meta, meta, 0.0, None) is None
+
+
+def test_the_cpu_flash_op_runs_in_sdpas_place_with_its_lse() -> None:
+    """lse_backend picks CPU flash for plain CPU inputs; run_with_lse gives SDPA's output and the LSE."""
+    q, k, v = (torch.randn(2, 3, 17, 12) for _ in range(3))
+    backend = attention_lse.lse_backend(q, k, v, 0.3)
+    assert backend == 1
+    out, lse = attention_lse.run_with_lse(backend, q, k, v, 0.0, 0.3)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, scale=0.3))
+    torch.testing.assert_close(lse.double(), reference_lse(q, k, 0.3), rtol=1e-5, atol=1e-5)
+    assert attention_lse.lse_backend(q[0], k[0], v[0]) is None  # not (B, H, N, D)
+    with pytest.raises(ValueError, match="backend 0 has no log-sum-exp op"):
+        attention_lse.run_with_lse(0, q, k, v, 0.0, None)
 
 
 @pytest.mark.parametrize("from_graph", [False, True], ids=["watched", "graph-read"])

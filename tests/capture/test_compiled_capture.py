@@ -11,7 +11,7 @@ from timm.models.vision_transformer import Block
 from torch import nn
 from torch._dynamo.utils import counters
 
-from cl_streamkl.capture import CompiledQK, QKCapture, TeacherQK
+from cl_streamkl.capture import CompiledQK, QKCapture, TeacherQK, attention_lse, extractors, recording
 from cl_streamkl.capture.compiled import check_compile_options
 from cl_streamkl.strategies import AttentionDistiller, StreamKLPlugin, frozen_copy
 
@@ -76,6 +76,41 @@ def test_inductor_compiled_qk_matches_and_is_checked_once_per_signature(monkeypa
             torch.testing.assert_close(k, k_eager, rtol=1e-5, atol=1e-6)
     assert len(checks) == 2, "one check per new input shape"
     assert compiled.max_check_error < 1e-5
+
+
+def reference_lse(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    return torch.logsumexp(q.double() @ k.double().transpose(-1, -2) * scale, dim=-1)
+
+
+@pytest.mark.parametrize("arch", ["vit", "eva"])
+@pytest.mark.parametrize("layers", ["all", [1]])
+def test_compiled_teacher_records_each_blocks_lse(arch: str, layers) -> None:
+    """The fused op runs in SDPA's place inside the graph: its LSE belongs to the recorded Q/K."""
+    teacher, x = tiny_teacher(arch), torch.randn(2, 3, 32, 32)
+    compiled = CompiledQK(teacher, layers, {"backend": "aot_eager"})
+    for _ in range(2):  # the first call is checked against the eager capture, the second is not
+        result = compiled(x)
+        assert result.lse is not None and len(result.lse) == len(result.qk)
+        for (q, k), scale, lse in zip(result.qk, result.scales, result.lse):
+            assert lse.shape == q.shape[:3] and lse.dtype == torch.float32
+            torch.testing.assert_close(lse.double(), reference_lse(q, k, scale), rtol=1e-5, atol=1e-5)
+
+
+def test_a_compiled_lse_unlike_the_eager_captures_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    def eager_with_lse(q, k, v, dropout_p=0.0, scale=None):  # as on CUDA: the eager teacher records LSEs too
+        return attention_lse.run_with_lse(1, q, k, v, dropout_p, scale)
+
+    def shifted(*args):
+        out, lse = attention_lse.run_with_lse(*args)
+        return out, lse + 1.0
+
+    monkeypatch.setattr(extractors, "attention_with_lse", eager_with_lse)
+    teacher, x = tiny_teacher(), torch.randn(2, 3, 32, 32)
+    CompiledQK(teacher, "all", TRACE_ONLY)(x)  # the same LSEs pass
+    monkeypatch.setattr(recording, "run_with_lse", shifted)
+    torch._dynamo.reset()
+    with pytest.raises(RuntimeError, match="log-sum-exps differ from the eager capture's by up to 1"):
+        CompiledQK(teacher, "all", TRACE_ONLY)(x)
 
 
 def test_distiller_with_compiled_teacher_gives_the_eager_penalty() -> None:

@@ -179,8 +179,23 @@ def test_a_compiled_forward_that_differs_from_eager_is_refused(monkeypatch):
 
     def wrong(module, *args, **kwargs):
         output, records = compiled_model_module._recording_forward(module, *args, **kwargs)
-        return output, [(q * 2, k, scale, plain) for q, k, scale, plain in records]
+        return output, [(q * 2, k, scale, plain, lse) for q, k, scale, plain, lse in records]
 
     monkeypatch.setattr(compiled_model_module, "_compiled", lambda fn: wrong)
     with pytest.raises(RuntimeError, match="differ from its eager forward's"):
         model(torch.randn(2, 1, 12, 12, dtype=torch.float64))
+
+
+def test_the_compiled_forward_records_each_blocks_lse_beside_its_qk():
+    """The fused op runs in SDPA's place in the compiled graph; the capture gets its LSE."""
+    model = _vit().float()  # the fused kernels' LSE is float32 (float64 inputs record none)
+    compile_model(model)
+    x = torch.randn(3, 1, 12, 12)
+    for _ in range(2):  # the first forward is checked against the eager one, the second is not
+        with QKCapture(model, "all") as capture:
+            model(x).sum().backward()
+        assert len(capture.lse) == 3
+        for (q, k), scale, lse in zip(capture.qk, capture.scales, capture.lse, strict=True):
+            assert lse is not None and lse.shape == q.shape[:3] and not lse.requires_grad
+            reference = torch.logsumexp(q.detach() @ k.detach().transpose(-1, -2) * scale, dim=-1)
+            torch.testing.assert_close(lse, reference, rtol=1e-5, atol=1e-5)
