@@ -109,6 +109,8 @@ class Trainer:
     distiller: AttentionDistiller | None
     num_classes: int
     device: torch.device
+    # False: the student's log-sum-exps are withheld, so the penalty computes both online.
+    pass_student_lse: bool = True
 
     def step(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """One training step on images (B, 3, S, S) and labels (B,); returns the detached loss."""
@@ -123,7 +125,7 @@ class Trainer:
                     logits = self.model(images)
                 # As the plugin: the student's log-sum-exps, which the kernels reuse where they fit.
                 penalty = self.distiller.penalty(images, capture.qk, student_scales=capture.scales, teacher=teacher,
-                                                 student_lse=capture.lse)
+                                                 student_lse=capture.lse if self.pass_student_lse else None)
                 # Leave the teacher's Q/K to the penalty's graph, whose backward runs first and
                 # frees them; a reference held through the whole backward keeps them alive (about
                 # 0.6 GB at 1025 tokens, batch 16) while the student's gradients are allocated.
