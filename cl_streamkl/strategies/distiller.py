@@ -65,8 +65,8 @@ def known_lse(
     They are the log-sum-exps of ``q kᵀ · scale`` as each model's attention formed its scores,
     so they serve only where the KL's scores are those: temperature 1 and the scales the
     capture recorded (``scale`` given, not None). Every block must have both (a fused SDPA
-    call without a mask records one; the math backend, manual attention and the compiled
-    teacher record none), and the inputs must be on CUDA, where the recorded LSE costs
+    call without a mask records one, eager or compiled; the math backend and manual attention
+    record none), and the inputs must be on CUDA, where the recorded LSE costs
     nothing; on the CPU the kernels compute both as before.
 
     Args:
