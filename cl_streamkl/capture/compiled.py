@@ -26,6 +26,7 @@ Example:
 from __future__ import annotations
 
 import inspect
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -44,7 +45,7 @@ from cl_streamkl.capture.recording import MATCH_RTOL, Record, SdpaRecorder, inpu
 # this bound only catches an LSE that belongs to other scores.
 LSE_MATCH_ATOL = 0.5
 
-__all__ = ["CompiledQK", "TeacherQK", "check_compile_options"]
+__all__ = ["CompiledQK", "TeacherQK", "check_compile_options", "eager_teacher_qk"]
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ def check_compile_options(compile_teacher: object) -> dict[str, Any] | None:
         return {} if compile_teacher else None
     if not isinstance(compile_teacher, Mapping):
         raise TypeError(
-            "compile_teacher must be a bool or a mapping of torch.compile keyword arguments, "
+            "compile_teacher must be a bool, \"auto\" or a mapping of torch.compile keyword arguments, "
             f"got {type(compile_teacher).__name__}"
         )
     accepted = set(inspect.signature(torch.compile).parameters) - {"model"}
@@ -124,6 +125,14 @@ def _capture_lse_backend(capture: QKCapture) -> int | None:
     return lse_backend(q, k, k, capture.scales[0])
 
 
+def eager_teacher_qk(model: nn.Module, layers: LayerSpec, x: torch.Tensor) -> TeacherQK:
+    """The selected blocks' Q/K, scales and LSEs of an eager, gradient-free forward that stops early."""
+    capture = QKCapture(model, layers, stop_early=True)
+    with torch.no_grad(), capture:
+        model(x)
+    return TeacherQK(qk=capture.qk, scales=capture.scales, lse=capture.lse)
+
+
 class CompiledQK:
     """Q/K of selected blocks from a ``torch.compile``'d forward of a frozen model.
 
@@ -140,9 +149,13 @@ class CompiledQK:
             With ``{"mode": "reduce-overhead"}`` the forward replays as CUDA graphs and
             the returned Q/K live in the graph's memory: the next call overwrites them,
             so use (or clone) them before calling again.
+        fallback: where the first call of an input signature fails (compiling, or the check
+            against the eager capture), warn once and run the eager capture from then on,
+            instead of raising.
 
     Attributes:
         block_indices: resolved absolute block indices, ascending.
+        eager_fallback: None, or why this teacher runs eager after all (``fallback``).
         max_check_error: the largest relative difference between compiled and eager Q/K
             seen by the first-call checks so far (``None`` before the first call).
 
@@ -152,7 +165,8 @@ class CompiledQK:
         ValueError: the layer selection does not fit the model.
     """
 
-    def __init__(self, model: nn.Module, layers: LayerSpec = "all", compile_options: Mapping[str, Any] | None = None):
+    def __init__(self, model: nn.Module, layers: LayerSpec = "all", compile_options: Mapping[str, Any] | None = None,
+                 *, fallback: bool = False):
         options = check_compile_options(dict(compile_options) if compile_options is not None else True)
         if is_compiled(model):
             raise ValueError(f"CompiledQK: {type(model).__name__} is compiled by compile_model already; capture its "
@@ -162,6 +176,8 @@ class CompiledQK:
         self.num_blocks = len(find_attention_modules(model))
         self.block_indices = resolve_layer_indices(layers, self.num_blocks)
         self.max_check_error: float | None = None
+        self.fallback = fallback
+        self.eager_fallback: str | None = None
         self._scales: list[float] | None = None
         # Checked input signatures → the backend whose log-sum-exp the compiled forward records.
         self._lse_backends: dict[tuple, int | None] = {}
@@ -185,19 +201,28 @@ class CompiledQK:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"CompiledQK needs a tensor input, got {type(x).__name__}")
         with torch.no_grad():
+            if self.eager_fallback is not None:
+                return eager_teacher_qk(self.model, self.layers, x)
             signature = input_signature(x)
-            eager = None
-            if signature not in self._lse_backends:
+            if signature in self._lse_backends:
+                backend = self._lse_backends[signature]
+                recorded, _ = self._compiled(self.model, x, tuple(self.block_indices), backend)
+            else:
                 # A new signature: the eager capture first, which also picks the LSE's backend.
                 eager = QKCapture(self.model, self.layers, stop_early=True)
                 with eager:
                     self.model(x)
                 backend = _capture_lse_backend(eager)
-            else:
-                backend = self._lse_backends[signature]
-            recorded, calls = self._compiled(self.model, x, tuple(self.block_indices), backend)
-            if eager is not None:
-                self._check_against_eager(eager, recorded, calls)
+                try:
+                    recorded, calls = self._compiled(self.model, x, tuple(self.block_indices), backend)
+                    self._check_against_eager(eager, recorded, calls)
+                except Exception as error:
+                    if not self.fallback:
+                        raise
+                    self.eager_fallback = f"{type(error).__name__}: {str(error).strip().splitlines()[0]}"
+                    warnings.warn(f"compiled teacher unavailable, running it eager ({self.eager_fallback})",
+                                  RuntimeWarning, stacklevel=2)
+                    return TeacherQK(qk=eager.qk, scales=eager.scales, lse=eager.lse)
                 self._lse_backends[signature] = backend
         lse = [record[2] for record in recorded]
         return TeacherQK(qk=[(q, k) for q, k, _ in recorded], scales=list(self._scales),

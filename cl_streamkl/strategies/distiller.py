@@ -36,7 +36,7 @@ from torch import nn
 
 from cl_streamkl.attention_kl import attention_kl, attention_kl_grouped
 from cl_streamkl.capture import CompiledQK, LayerSpec, QKCapture, TeacherQK
-from cl_streamkl.capture.compiled import check_compile_options
+from cl_streamkl.capture.compiled import check_compile_options, eager_teacher_qk
 from cl_streamkl.capture.layers import check_layer_spec, find_attention_modules
 from cl_streamkl.distributed import unwrap_data_parallel
 from cl_streamkl.kernels.validation import AttentionKLOptions
@@ -112,7 +112,9 @@ class AttentionDistiller:
             the selected Q/K do not need; its first call per input shape is checked
             against the eager capture. Needs attention that calls
             ``F.scaled_dot_product_attention`` once per block in block order (timm's
-            fused attention). An execution choice: not part of :meth:`state_dict`.
+            fused attention). ``"auto"``: compiled for a teacher on CUDA, falling back to
+            the eager teacher with a warning where its first call fails; eager elsewhere.
+            An execution choice: not part of :meth:`state_dict`.
 
     Attributes:
         teacher_updates: how many times :meth:`update_teacher` has run (restored by
@@ -130,10 +132,13 @@ class AttentionDistiller:
         layers: LayerSpec = "all",
         temperature: float = 1.0,
         backend: str = "auto",
-        compile_teacher: bool | Mapping[str, Any] = False,
+        compile_teacher: bool | str | Mapping[str, Any] = False,
     ) -> None:
         self.alpha = _check_alpha(alpha)
-        self.compile_options = check_compile_options(compile_teacher)
+        auto = isinstance(compile_teacher, str) and compile_teacher == "auto"
+        self.compile_options = {} if auto else check_compile_options(compile_teacher)
+        # What repr shows: "auto", or whether the teacher runs compiled.
+        self.compile_teacher: bool | str = "auto" if auto else self.compile_options is not None
         # Checked here, once: a bad temperature or backend fails at construction.
         self.temperature = AttentionKLOptions(temperature=temperature, backend=backend).temperature
         self.backend = backend
@@ -194,8 +199,10 @@ class AttentionDistiller:
     def _set_teacher(self, teacher: nn.Module | None) -> None:
         self._teacher = teacher
         self._compiled_teacher = None
-        if teacher is not None and self.compile_options is not None:
-            self._compiled_teacher = CompiledQK(teacher, self.layers, self.compile_options)
+        auto = self.compile_teacher == "auto"
+        on_cuda = teacher is not None and any(tensor.is_cuda for tensor in teacher.parameters())
+        if teacher is not None and self.compile_options is not None and (on_cuda or not auto):
+            self._compiled_teacher = CompiledQK(teacher, self.layers, self.compile_options, fallback=auto)
 
     def teacher_qk(self, x: Any) -> TeacherQK:
         """Run the teacher on ``x`` under ``torch.no_grad()`` and return its Q/K.
@@ -211,10 +218,7 @@ class AttentionDistiller:
         teacher = self._require_teacher()
         if self._compiled_teacher is not None:
             return self._compiled_teacher(x)
-        capture = QKCapture(teacher, self.layers, stop_early=True)
-        with torch.no_grad(), capture:
-            teacher(x)
-        return TeacherQK(qk=capture.qk, scales=capture.scales, lse=capture.lse)
+        return eager_teacher_qk(teacher, self.layers, x)
 
     def penalty(
         self,
@@ -414,6 +418,6 @@ class AttentionDistiller:
     def __repr__(self) -> str:
         return (
             f"AttentionDistiller(alpha={self.alpha}, layers={self.layers!r}, temperature={self.temperature}, "
-            f"backend={self.backend!r}, compile_teacher={self.compile_options is not None}, "
+            f"backend={self.backend!r}, compile_teacher={self.compile_teacher!r}, "
             f"teacher_updates={self.teacher_updates})"
         )

@@ -223,7 +223,7 @@ class StreamKLPlugin(AttentionDistillationPlugin, supports_distributed=True):
         d = self.distiller
         return (
             f"StreamKLPlugin(alpha={d.alpha}, layers={d.layers!r}, temperature={d.temperature}, "
-            f"backend={d.backend!r}, compile_teacher={d.compile_options is not None})"
+            f"backend={d.backend!r}, compile_teacher={d.compile_teacher!r})"
         )
 
 
@@ -256,4 +256,4 @@ class PADPlugin(AttentionDistillationPlugin, supports_distributed=True):
     def __repr__(self) -> str:
         d = self.distiller
         return (f"PADPlugin(alpha={d.alpha}, layers={d.layers!r}, variant={d.variant!r}, "
-                f"compile_teacher={d.compile_options is not None}, streaming={d.streaming!r})")
+                f"compile_teacher={d.compile_teacher!r}, streaming={d.streaming!r})")

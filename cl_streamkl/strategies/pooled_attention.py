@@ -222,5 +222,5 @@ class PooledAttentionDistiller(AttentionDistiller):
 
     def __repr__(self) -> str:
         return (f"PooledAttentionDistiller(alpha={self.alpha}, layers={self.layers!r}, variant={self.variant!r}, "
-                f"compile_teacher={self.compile_options is not None}, streaming={self.streaming!r}, "
+                f"compile_teacher={self.compile_teacher!r}, streaming={self.streaming!r}, "
                 f"teacher_updates={self.teacher_updates})")

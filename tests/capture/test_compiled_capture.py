@@ -200,9 +200,35 @@ def test_compile_options_are_checked() -> None:
     assert check_compile_options(False) is None
     assert check_compile_options(True) == {}
     assert check_compile_options({"mode": "max-autotune-no-cudagraphs"}) == {"mode": "max-autotune-no-cudagraphs"}
-    with pytest.raises(TypeError, match="bool or a mapping"):
+    with pytest.raises(TypeError, match="a bool, \"auto\" or a mapping"):
         check_compile_options("yes")
     with pytest.raises(TypeError, match=r"torch.compile does not take: \['fullgraf'\]"):
         AttentionDistiller(compile_teacher={"fullgraf": True})
     with pytest.raises(TypeError, match="needs a tensor input"):
         CompiledQK(tiny_teacher(), "all", TRACE_ONLY)([torch.randn(2, 3, 32, 32)])
+
+
+def test_a_failing_first_call_falls_back_to_the_eager_teacher_when_asked() -> None:
+    teacher, x = tiny_teacher(), torch.randn(2, 3, 32, 32)
+    for block in teacher.blocks:
+        block.attn.fused_attn = False  # no SDPA call: the compiled forward cannot see the attention
+    compiled = CompiledQK(teacher, "all", TRACE_ONLY, fallback=True)
+    with pytest.warns(RuntimeWarning, match="compiled teacher unavailable, running it eager .*RuntimeError"):
+        first = compiled(x)
+    assert compiled.eager_fallback is not None
+    expected = eager_qk(teacher, x)
+    for result in (first, compiled(x)):  # no second warning: eager from now on
+        for (q, k), (q_eager, k_eager) in zip(result.qk, expected.qk, strict=True):
+            torch.testing.assert_close(q, q_eager, rtol=0, atol=0)
+            torch.testing.assert_close(k, k_eager, rtol=0, atol=0)
+
+
+def test_compile_teacher_auto_keeps_a_cpu_teacher_eager() -> None:
+    """'auto' compiles only a teacher on CUDA (the CPU suite cannot run that half: see the GPU benchmarks)."""
+    distiller = AttentionDistiller(backend="torch", compile_teacher="auto")
+    distiller.update_teacher(tiny_teacher(seed=1))
+    assert distiller._compiled_teacher is None and "compile_teacher='auto'" in repr(distiller)
+    plugin = StreamKLPlugin(compile_teacher="auto")
+    assert "compile_teacher='auto'" in repr(plugin)
+    with pytest.raises(TypeError, match="compile_teacher must be"):
+        AttentionDistiller(compile_teacher="Auto")
