@@ -35,7 +35,7 @@ from _harness.measure import free_memory, sync
 from _harness.options import add_run_flags, checked_device
 from _harness.penalty_check import PERTURBATION_STD, _perturb
 from _harness.report import aligned, cell, describe_environment, environment_line, header_line, run_settings
-from _harness.report import write_json
+from _harness.report import table_header, write_json
 from _harness.vit_training import DEFAULT_MODEL, TINY_MODEL_KWARGS, Trainer, build_trainer, random_batch
 from cl_streamkl import attention_kl_reference
 from cl_streamkl.capture import QKCapture
@@ -163,6 +163,42 @@ def format_table(results: Sequence[VariantResult]) -> str:
     return "\n".join(lines)
 
 
+TABLE_COLUMNS = [
+    {"name": "tokens (batch)"}, {"name": "teacher"}, {"name": "step ms", "align": "right", "format": ".1f"},
+    {"name": "host ms", "align": "right", "format": ".1f"}, {"name": "× (a)", "align": "right", "format": ".2f"},
+    {"name": "penalty vs float64", "align": "right", "format": ".1e"},
+]
+VARIANT_LABELS = {
+    "none": "(a) no distillation",
+    "eager": "eager, both LSEs given",
+    "eager-online": "eager, student LSE withheld",
+    "compiled": "compiled, both LSEs given",
+    "compiled-online": "compiled, student LSE withheld",
+    "graphs": "compiled + CUDA graphs, both LSEs given",
+    "t-eager": "(t) eager teacher, no penalty",
+    "t-compiled": "(t) compiled teacher, no penalty",
+}
+
+
+def table_payload(environment: dict, results: Sequence[VariantResult]) -> dict:
+    """The result file: a table ``benchmarks/tables.py`` renders, and every step's times beside it."""
+    plain = {r.image_size: r.median_ms for r in results if r.variant == "none"}
+    rows = []
+    for r in results:
+        ratio = r.median_ms / plain[r.image_size] if r.median_ms and plain.get(r.image_size) else None
+        error = None
+        if r.penalty is not None and r.penalty_reference:
+            error = abs(r.penalty - r.penalty_reference) / abs(r.penalty_reference)
+        rows.append([f"{r.tokens} ({r.batch})", VARIANT_LABELS[r.variant], r.median_ms, r.median_host_ms, ratio,
+                     error if error is not None else "–"])
+    return {
+        "title": "ViT training step with StreamKL by how the frozen teacher runs: one process, variants "
+                 "interleaved; median step and host ms, ratio to the step without distillation",
+        **table_header(environment), "columns": TABLE_COLUMNS, "rows": rows,
+        "results": [{**asdict(r), "median_ms": r.median_ms, "median_host_ms": r.median_host_ms} for r in results],
+    }
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(DEFAULT_VARIANTS))
@@ -205,9 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         results += run_size(args, image_size, batch)
         print(format_table([r for r in results if r.image_size == image_size]), flush=True)
         if args.json is not None:  # rewritten after each size: a run cut short keeps what it measured
-            write_json(args.json, {"environment": environment, "settings": run_settings(args),
-                                   "results": [{**asdict(r), "median_ms": r.median_ms,
-                                                "median_host_ms": r.median_host_ms} for r in results],
+            write_json(args.json, {**table_payload(environment, results), "settings": run_settings(args),
                                    "elapsed_s": time.perf_counter() - start})
     print(format_table(results), flush=True)
     return 0

@@ -21,6 +21,9 @@ def test_a_tiny_run_times_every_variant_interleaved_and_checks_each_penalty(tmp_
         penalty, reference = results[variant]["penalty"], results[variant]["penalty_reference"]
         assert reference > 0 and abs(penalty - reference) <= 1e-2 * reference
     assert results["none"]["penalty"] is None and results["t-eager"]["penalty"] is None
+    # The file is a table for benchmarks/tables.py: one row per variant, (a) at ratio 1.
+    assert len(payload["rows"]) == 4 and len(payload["columns"]) == len(payload["rows"][0])
+    assert payload["rows"][0][1] == "(a) no distillation" and payload["rows"][0][4] == 1.0
     table = capsys.readouterr().out
     assert "eager-online" in table and "x (a)" in table
 
