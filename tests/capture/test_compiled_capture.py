@@ -232,3 +232,21 @@ def test_compile_teacher_auto_keeps_a_cpu_teacher_eager() -> None:
     assert "compile_teacher='auto'" in repr(plugin)
     with pytest.raises(TypeError, match="compile_teacher must be"):
         AttentionDistiller(compile_teacher="Auto")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused CUDA backends (cuDNN, flash) need a GPU")
+@pytest.mark.parametrize("batch", [2, 3])
+def test_on_cuda_the_compiled_teacher_records_the_fused_backends_lse(batch: int) -> None:
+    """Inductor, bf16 autocast, 197 tokens: the LSE from the graph belongs to the graph's Q/K, and 'auto' compiles."""
+    torch.manual_seed(0)
+    model = timm.create_model("vit_small_patch16_224", pretrained=False, num_classes=4, depth=2).cuda()
+    distiller = AttentionDistiller(compile_teacher="auto")
+    distiller.update_teacher(model)
+    assert distiller._compiled_teacher is not None
+    x = torch.randn(batch, 3, 224, 224, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        result = distiller.teacher_qk(x)
+    assert distiller._compiled_teacher.eager_fallback is None and result.lse is not None
+    for (q, k), scale, lse in zip(result.qk, result.scales, result.lse, strict=True):
+        assert lse.shape == q.shape[:3] == (batch, 6, 197) and lse.dtype == torch.float32
+        torch.testing.assert_close(lse.double(), reference_lse(q, k, scale), rtol=0, atol=1e-4)
