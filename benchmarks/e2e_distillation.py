@@ -28,7 +28,7 @@ from torch import nn
 
 from _harness.batch_search import batch_fits, largest_batch
 from _harness.measure import free_memory
-from _harness.options import add_compile_teacher_flag, add_run_flags, checked_device
+from _harness.options import add_compile_teacher_flag, add_run_flags, checked_device, timing_batches
 from _harness.options import compile_teacher_option, describe_teacher
 from _harness.penalty_check import PENALTY_METHODS, PenaltyCheck, check_penalties, format_check
 from _harness.report import aligned, cell, describe_environment, environment_line, header_line, run_settings, write_json
@@ -221,16 +221,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.compile_teacher = compile_teacher_option(args.compile_teacher)
     if args.image_sizes is None:
         args.image_sizes = list(TINY_IMAGE_SIZES if args.tiny else DEFAULT_IMAGE_SIZES)
-    if args.batches is None:
-        defaults = dict(zip(DEFAULT_IMAGE_SIZES, DEFAULT_BATCHES))
-        if args.tiny:
-            defaults = dict(zip(TINY_IMAGE_SIZES, TINY_BATCHES))
-        missing = [size for size in args.image_sizes if size not in defaults]
-        if missing:
-            parser.error(f"--batches is needed for image sizes without a default: {missing}")
-        args.batches = [defaults[size] for size in args.image_sizes]
-    if len(args.batches) != len(args.image_sizes):
-        parser.error(f"--batches needs one value per image size ({len(args.image_sizes)}), got {len(args.batches)}")
+    defaults = dict(zip(TINY_IMAGE_SIZES, TINY_BATCHES) if args.tiny else zip(DEFAULT_IMAGE_SIZES, DEFAULT_BATCHES))
+    args.batches = timing_batches(parser, args.image_sizes, args.batches, defaults)
     if args.model_kwargs is None:
         args.model_kwargs = dict(TINY_MODEL_KWARGS) if args.tiny else {}
     if args.max_batch is None and args.tiny:

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from _harness.measure import free_memory, sync
-from _harness.options import add_run_flags, checked_device
+from _harness.options import add_run_flags, checked_device, timing_batches
 from _harness.penalty_check import PERTURBATION_STD, _perturb
 from _harness.report import aligned, cell, describe_environment, environment_line, header_line, run_settings
 from _harness.report import table_header, write_json
@@ -215,14 +215,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.model_kwargs = dict(TINY_MODEL_KWARGS) if args.tiny else {}
     if args.image_sizes is None:
         args.image_sizes = [32] if args.tiny else list(DEFAULT_IMAGE_SIZES)
-    if args.batches is None:
-        defaults = {32: 2} if args.tiny else dict(zip(DEFAULT_IMAGE_SIZES, DEFAULT_BATCHES))
-        missing = [size for size in args.image_sizes if size not in defaults]
-        if missing:
-            parser.error(f"--batches is needed for image sizes without a default: {missing}")
-        args.batches = [defaults[size] for size in args.image_sizes]
-    if len(args.batches) != len(args.image_sizes):
-        parser.error(f"--batches needs one value per image size ({len(args.image_sizes)}), got {len(args.batches)}")
+    defaults = {32: 2} if args.tiny else dict(zip(DEFAULT_IMAGE_SIZES, DEFAULT_BATCHES))
+    args.batches = timing_batches(parser, args.image_sizes, args.batches, defaults)
     for flag, value in (("--rounds", args.rounds), ("--steps", args.steps), ("--batches", min(args.batches)), ("--image-sizes", min(args.image_sizes))):
         if value < 1:
             parser.error(f"{flag} must be positive, got {value}")

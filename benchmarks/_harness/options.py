@@ -88,3 +88,17 @@ def describe_teacher(compile_teacher: bool | Mapping[str, Any]) -> str:
     if compile_teacher is True:
         return "torch.compile"
     return "torch.compile " + " ".join(f"{key}={value}" for key, value in compile_teacher.items())
+
+
+def timing_batches(parser: argparse.ArgumentParser, image_sizes: list[int], batches: list[int] | None,
+                   defaults: Mapping[int, int]) -> list[int]:
+    """``--batches``, one per image size: as given, else each size's default (a parser error
+    names the sizes without one, or a count that differs from ``--image-sizes``)."""
+    if batches is None:
+        missing = [size for size in image_sizes if size not in defaults]
+        if missing:
+            parser.error(f"--batches is needed for image sizes without a default: {missing}")
+        batches = [defaults[size] for size in image_sizes]
+    if len(batches) != len(image_sizes):
+        parser.error(f"--batches needs one value per image size ({len(image_sizes)}), got {len(batches)}")
+    return batches
