@@ -33,11 +33,10 @@ import torch
 
 from _harness.measure import free_memory, sync
 from _harness.options import add_run_flags, checked_device, timing_batches
-from _harness.penalty_check import PERTURBATION_STD, _perturb
+from _harness.penalty_check import PERTURBATION_STD, _perturb, reference_penalty
 from _harness.report import aligned, cell, describe_environment, environment_line, header_line, run_settings
 from _harness.report import table_header, write_json
 from _harness.vit_training import DEFAULT_MODEL, TINY_MODEL_KWARGS, Trainer, build_trainer, random_batch
-from cl_streamkl import attention_kl_reference
 from cl_streamkl.capture import QKCapture
 from cl_streamkl.strategies import frozen_copy
 
@@ -77,6 +76,19 @@ class VariantResult:
     def median_host_ms(self) -> float | None:
         return statistics.median(self.host_ms) if self.host_ms else None
 
+    @property
+    def penalty_error(self) -> float | None:
+        """|penalty − float64| / |float64|, or None where no penalty was checked."""
+        if self.penalty is None or not self.penalty_reference:
+            return None
+        return abs(self.penalty - self.penalty_reference) / abs(self.penalty_reference)
+
+
+def ratios_to_plain(results: Sequence[VariantResult]) -> list[float | None]:
+    """Each result's median step time over that of (a) ``none`` at its image size."""
+    plain = {r.image_size: r.median_ms for r in results if r.variant == "none"}
+    return [r.median_ms / plain[r.image_size] if r.median_ms and plain.get(r.image_size) else None for r in results]
+
 
 def build(variant: str, args: argparse.Namespace, image_size: int) -> Trainer:
     """The variant's trainer; every variant starts from the same weights (seed 0)."""
@@ -105,10 +117,7 @@ def check_penalty(trainer: Trainer, result: VariantResult, image_size: int, batc
         with QKCapture(distiller.teacher, "all") as reference_teacher:
             distiller.teacher(images)
     result.penalty = float(penalty)
-    result.penalty_reference = statistics.fmean(
-        float(attention_kl_reference(q, k, q_t, k_t, scale=s, teacher_scale=s_t))
-        for (q, k), (q_t, k_t), s, s_t in zip(capture.qk, reference_teacher.qk, capture.scales,
-                                              reference_teacher.scales))
+    result.penalty_reference = reference_penalty(capture, reference_teacher)
 
 
 def time_round(trainer: Trainer, result: VariantResult, images: torch.Tensor, labels: torch.Tensor,
@@ -151,15 +160,11 @@ COLUMNS = (("tokens", 6), ("batch", 5), ("variant", 15), ("step ms", 8), ("host 
 
 def format_table(results: Sequence[VariantResult]) -> str:
     """Median step and host ms, ratio to (a) at the same size, the penalty's error against float64."""
-    plain = {r.image_size: r.median_ms for r in results if r.variant == "none"}
     lines = [header_line(COLUMNS)]
-    for r in results:
-        ratio = r.median_ms / plain[r.image_size] if r.median_ms and plain.get(r.image_size) else None
-        error = None
-        if r.penalty is not None and r.penalty_reference:
-            error = abs(r.penalty - r.penalty_reference) / abs(r.penalty_reference)
+    for r, ratio in zip(results, ratios_to_plain(results)):
         lines.append(aligned([str(r.tokens), str(r.batch), r.variant, cell(r.median_ms, ".1f"),
-                              cell(r.median_host_ms, ".1f"), cell(ratio, ".2f"), cell(error, ".1e")], COLUMNS))
+                              cell(r.median_host_ms, ".1f"), cell(ratio, ".2f"), cell(r.penalty_error, ".1e")],
+                             COLUMNS))
     return "\n".join(lines)
 
 
@@ -182,15 +187,8 @@ VARIANT_LABELS = {
 
 def table_payload(environment: dict, results: Sequence[VariantResult]) -> dict:
     """The result file: a table ``benchmarks/tables.py`` renders, and every step's times beside it."""
-    plain = {r.image_size: r.median_ms for r in results if r.variant == "none"}
-    rows = []
-    for r in results:
-        ratio = r.median_ms / plain[r.image_size] if r.median_ms and plain.get(r.image_size) else None
-        error = None
-        if r.penalty is not None and r.penalty_reference:
-            error = abs(r.penalty - r.penalty_reference) / abs(r.penalty_reference)
-        rows.append([f"{r.tokens} ({r.batch})", VARIANT_LABELS[r.variant], r.median_ms, r.median_host_ms, ratio,
-                     error if error is not None else "–"])
+    rows = [[f"{r.tokens} ({r.batch})", VARIANT_LABELS[r.variant], r.median_ms, r.median_host_ms, ratio,
+             "–" if r.penalty_error is None else r.penalty_error] for r, ratio in zip(results, ratios_to_plain(results))]
     return {
         "title": "ViT training step with StreamKL by how the frozen teacher runs: one process, variants "
                  "interleaved; median step and host ms, ratio to the step without distillation",

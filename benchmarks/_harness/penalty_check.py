@@ -80,13 +80,7 @@ def check_penalties(
         with QKCapture(model, layers="all") as student, QKCapture(teacher, layers="all") as teacher_capture:
             model(images)
             teacher(images)
-    with torch.no_grad():
-        reference = alpha * statistics.fmean(
-            float(attention_kl_reference(q, k, q_teacher, k_teacher, scale=scale, teacher_scale=teacher_scale))
-            for (q, k), (q_teacher, k_teacher), scale, teacher_scale in zip(
-                student.qk, teacher_capture.qk, student.scales, teacher_capture.scales
-            )
-        )
+    reference = alpha * reference_penalty(student, teacher_capture)
     pairs = [(a, b) for i, a in enumerate(values) for b in list(values)[i + 1 :]]
     max_pairwise = max((_relative_gap(values[a], values[b]) for a, b in pairs), default=0.0)
     return PenaltyCheck(
@@ -98,6 +92,17 @@ def check_penalties(
         max_pairwise_rel=max_pairwise,
         rtol=rtol,
     )
+
+
+def reference_penalty(student: QKCapture, teacher: QKCapture) -> float:
+    """The float64 mean over blocks of the row-mean KL(P_teacher ‖ P_student) of two captures (alpha 1)."""
+    with torch.no_grad():
+        return statistics.fmean(
+            float(attention_kl_reference(q, k, q_teacher, k_teacher, scale=scale, teacher_scale=teacher_scale))
+            for (q, k), (q_teacher, k_teacher), scale, teacher_scale in zip(
+                student.qk, teacher.qk, student.scales, teacher.scales
+            )
+        )
 
 
 def _relative_gap(value: float, other: float) -> float:
