@@ -195,8 +195,8 @@ class StreamKLPlugin(AttentionDistillationPlugin, supports_distributed=True):
         layers: ``"all"``, an int n (the last n blocks) or a list of block indices.
         temperature: softmax temperature, > 0.
         backend: ``attention_kl`` backend (``"auto"``, ``"triton"``, ``"torch"``).
-        compile_teacher: run the teacher through ``torch.compile``: ``True`` or a
-            mapping of ``torch.compile`` keyword arguments (see
+        compile_teacher: ``"auto"`` (default: compiled on CUDA, eager on the CPU), ``True``,
+            ``False`` or a mapping of ``torch.compile`` keyword arguments (see
             :class:`~cl_streamkl.strategies.distiller.AttentionDistiller`).
 
     Raises:
@@ -213,7 +213,7 @@ class StreamKLPlugin(AttentionDistillationPlugin, supports_distributed=True):
         layers: LayerSpec = "all",
         temperature: float = 1.0,
         backend: str = "auto",
-        compile_teacher: bool | Mapping[str, Any] = False,
+        compile_teacher: bool | str | Mapping[str, Any] = "auto",
     ) -> None:
         super().__init__(AttentionDistiller(
             alpha=alpha, layers=layers, temperature=temperature, backend=backend, compile_teacher=compile_teacher
@@ -248,7 +248,7 @@ class PADPlugin(AttentionDistillationPlugin, supports_distributed=True):
     previous_state_format = "cl_streamkl.PADPlugin/1"
 
     def __init__(self, alpha: float = 1.0, layers: LayerSpec = "all",
-                 compile_teacher: bool | Mapping[str, Any] = False, streaming: bool | str = "auto",
+                 compile_teacher: bool | str | Mapping[str, Any] = "auto", streaming: bool | str = "auto",
                  variant: str = "symmetric") -> None:
         super().__init__(PooledAttentionDistiller(alpha=alpha, layers=layers, compile_teacher=compile_teacher,
                                                   streaming=streaming, variant=variant))

@@ -193,7 +193,7 @@ class PooledAttentionDistiller(AttentionDistiller):
     previous_state_format = "cl_streamkl.PooledAttentionDistiller/1"
 
     def __init__(self, alpha: float = 1.0, layers: LayerSpec = "all",
-                 compile_teacher: bool | Mapping[str, Any] = False, streaming: bool | str = "auto",
+                 compile_teacher: bool | str | Mapping[str, Any] = "auto", streaming: bool | str = "auto",
                  variant: str = "symmetric") -> None:
         super().__init__(alpha=alpha, layers=layers, compile_teacher=compile_teacher)
         self.streaming = _check_streaming(streaming)

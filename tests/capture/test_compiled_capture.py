@@ -11,9 +11,11 @@ from timm.models.vision_transformer import Block
 from torch import nn
 from torch._dynamo.utils import counters
 
-from cl_streamkl.capture import CompiledQK, QKCapture, TeacherQK, attention_lse, extractors, recording
+from cl_streamkl.capture import CompiledQK, QKCapture, TeacherQK, attention_lse, compile_model, extractors, recording
+from cl_streamkl.capture.compiled_model import is_compiled
 from cl_streamkl.capture.compiled import check_compile_options
-from cl_streamkl.strategies import AttentionDistiller, StreamKLPlugin, frozen_copy
+from cl_streamkl.strategies import AttentionDistiller, PADPlugin, StreamKLPlugin, frozen_copy
+from cl_streamkl.strategies import distiller as distiller_module
 
 DEPTH = 3
 # Dynamo alone (no code generation): the traced program runs op by op, so results are exact.
@@ -223,15 +225,31 @@ def test_a_failing_first_call_falls_back_to_the_eager_teacher_when_asked() -> No
             torch.testing.assert_close(k, k_eager, rtol=0, atol=0)
 
 
-def test_compile_teacher_auto_keeps_a_cpu_teacher_eager() -> None:
-    """'auto' compiles only a teacher on CUDA (the CPU suite cannot run that half: see the GPU benchmarks)."""
-    distiller = AttentionDistiller(backend="torch", compile_teacher="auto")
-    distiller.update_teacher(tiny_teacher(seed=1))
-    assert distiller._compiled_teacher is None and "compile_teacher='auto'" in repr(distiller)
-    plugin = StreamKLPlugin(compile_teacher="auto")
-    assert "compile_teacher='auto'" in repr(plugin)
+def test_compile_teacher_auto_is_the_default_and_keeps_a_cpu_teacher_eager() -> None:
+    """'auto' (the default) compiles only a teacher on CUDA (the CUDA half: the test below, the GPU benchmarks)."""
+    for distiller in (AttentionDistiller(backend="torch"), AttentionDistiller(backend="torch", compile_teacher="auto")):
+        distiller.update_teacher(tiny_teacher(seed=1))
+        assert distiller._compiled_teacher is None and "compile_teacher='auto'" in repr(distiller)
+    for plugin in (StreamKLPlugin(), PADPlugin(), StreamKLPlugin(compile_teacher="auto")):
+        assert "compile_teacher='auto'" in repr(plugin)
+    assert "compile_teacher=False" in repr(StreamKLPlugin(compile_teacher=False))
     with pytest.raises(TypeError, match="compile_teacher must be"):
         AttentionDistiller(compile_teacher="Auto")
+
+
+def test_compile_teacher_auto_on_cuda_compiles_with_fallback_but_not_a_compile_model_snapshot(monkeypatch):
+    """With the device check answering CUDA: a plain teacher gets CompiledQK(fallback=True); a snapshot
+    of a compile_model student (compiled already, refused by CompiledQK) stays eager instead of raising."""
+    monkeypatch.setattr(distiller_module, "_auto_compiles", lambda teacher: not is_compiled(teacher))
+    distiller = AttentionDistiller(backend="torch")
+    distiller.update_teacher(tiny_teacher(seed=1))
+    assert isinstance(distiller._compiled_teacher, CompiledQK) and distiller._compiled_teacher.fallback
+    student = tiny_teacher(seed=2)
+    compile_model(student)
+    distiller.update_teacher(student)
+    assert distiller._compiled_teacher is None and is_compiled(distiller.teacher)
+    with pytest.raises(ValueError, match="compiled by compile_model already"):
+        AttentionDistiller(backend="torch", compile_teacher=True).update_teacher(student)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused CUDA backends (cuDNN, flash) need a GPU")
