@@ -203,10 +203,12 @@ def test_the_compiled_forward_records_each_blocks_lse_beside_its_qk():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused CUDA backends (cuDNN, flash) need a GPU")
 def test_on_cuda_a_compiled_student_records_the_lse_its_backward_uses(monkeypatch):
+    """bf16 autocast, 197 tokens: each LSE is its block's float64 logsumexp, and the compiled (recording)
+    student's gradients are about as close to float32's as the eager student's bf16 gradients are."""
     monkeypatch.setattr(compiled_model_module, "_compiled", _INDUCTOR)
     torch.manual_seed(0)
     model = timm.create_model("vit_small_patch16_224", pretrained=False, num_classes=4, depth=2).cuda().train()
-    eager = copy.deepcopy(model)
+    eager, reference = copy.deepcopy(model), copy.deepcopy(model)
     compile_model(model)
     x = torch.randn(3, 3, 224, 224, device="cuda")
     with torch.autocast("cuda", dtype=torch.bfloat16), QKCapture(model, "all") as capture:
@@ -214,9 +216,15 @@ def test_on_cuda_a_compiled_student_records_the_lse_its_backward_uses(monkeypatc
     loss.backward()
     with torch.autocast("cuda", dtype=torch.bfloat16):
         eager(x).float().square().mean().backward()
+    reference(x).square().mean().backward()
     for (q, k), scale, lse in zip(capture.qk, capture.scales, capture.lse, strict=True):
         assert lse is not None and lse.shape == q.shape[:3] and lse.dtype == torch.float32
-        reference = torch.logsumexp(q.detach().double() @ k.detach().double().transpose(-1, -2) * scale, dim=-1)
-        torch.testing.assert_close(lse.double(), reference, rtol=0, atol=1e-4)
-    for (name, p_eager), p_compiled in zip(eager.named_parameters(), model.parameters()):
-        assert _relative(p_compiled.grad.float(), p_eager.grad.float()) < 2e-2, name
+        expected = torch.logsumexp(q.detach().double() @ k.detach().double().transpose(-1, -2) * scale, dim=-1)
+        torch.testing.assert_close(lse.double(), expected, rtol=0, atol=1e-4)
+    # Compiled and eager bf16 round differently (2 % apart on a LayerNorm weight's gradient);
+    # what recording must not do is make the compiled gradients worse than eager's.
+    for (name, p_reference), p_eager, p_compiled in zip(reference.named_parameters(), eager.parameters(),
+                                                        model.parameters()):
+        compiled_error = _relative(p_compiled.grad.float(), p_reference.grad.float())
+        eager_error = _relative(p_eager.grad.float(), p_reference.grad.float())
+        assert compiled_error < max(3 * eager_error, 1e-2), (name, compiled_error, eager_error)
