@@ -188,7 +188,8 @@ VARIANT_LABELS = {
 def table_payload(environment: dict, results: Sequence[VariantResult]) -> dict:
     """The result file: a table ``benchmarks/tables.py`` renders, and every step's times beside it."""
     rows = [[f"{r.tokens} ({r.batch})", VARIANT_LABELS[r.variant], r.median_ms, r.median_host_ms, ratio,
-             "–" if r.penalty_error is None else r.penalty_error] for r, ratio in zip(results, ratios_to_plain(results))]
+             "–" if r.penalty_error is None else r.penalty_error]
+            for r, ratio in zip(results, ratios_to_plain(results))]
     return {
         "title": "ViT training step with StreamKL by how the frozen teacher runs: one process, variants "
                  "interleaved; median step and host ms, ratio to the step without distillation",
@@ -215,7 +216,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args.image_sizes = [32] if args.tiny else list(DEFAULT_IMAGE_SIZES)
     defaults = {32: 2} if args.tiny else dict(zip(DEFAULT_IMAGE_SIZES, DEFAULT_BATCHES))
     args.batches = timing_batches(parser, args.image_sizes, args.batches, defaults)
-    for flag, value in (("--rounds", args.rounds), ("--steps", args.steps), ("--batches", min(args.batches)), ("--image-sizes", min(args.image_sizes))):
+    for flag, value in (("--rounds", args.rounds), ("--steps", args.steps), ("--batches", min(args.batches)),
+                        ("--image-sizes", min(args.image_sizes))):
         if value < 1:
             parser.error(f"{flag} must be positive, got {value}")
     if args.warmup_steps < 0:

@@ -98,6 +98,11 @@ def attention_heads(model: nn.Module) -> list[int | None]:
     return [head if isinstance(head, int) and not isinstance(head, bool) else None for head in heads]
 
 
+def _on_cuda(module: nn.Module) -> bool:
+    """Whether any of ``module``'s parameters lives on a CUDA device."""
+    return any(tensor.is_cuda for tensor in module.parameters())
+
+
 def _auto_compiles(teacher: nn.Module) -> bool:
     """Whether ``compile_teacher="auto"`` compiles ``teacher``.
 
@@ -107,7 +112,7 @@ def _auto_compiles(teacher: nn.Module) -> bool:
     ``nn.MultiheadAttention``, whose fused eval path makes no SDPA call for the compiled
     capture to collect (its first call would only fail and fall back).
     """
-    if not any(tensor.is_cuda for tensor in teacher.parameters()) or is_compiled(teacher):
+    if not _on_cuda(teacher) or is_compiled(teacher):
         return False
     return not any(isinstance(module, nn.MultiheadAttention) for module in find_attention_modules(teacher))
 
@@ -131,8 +136,8 @@ class AttentionDistiller:
             back to the eager teacher with a warning where its first call fails; eager on
             the CPU, for ``nn.MultiheadAttention`` models and for a model
             :func:`~cl_streamkl.capture.compile_model` compiled already (its snapshots run
-            compiled). ``False``: eager. An execution choice:
-            not part of :meth:`state_dict`.
+            compiled). ``False``: eager. An execution choice: not part of
+            :meth:`state_dict`.
 
     Attributes:
         teacher_updates: how many times :meth:`update_teacher` has run (restored by

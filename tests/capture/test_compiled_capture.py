@@ -7,13 +7,14 @@ import shutil
 import pytest
 import timm
 import torch
+import torchvision
 from timm.models.vision_transformer import Block
 from torch import nn
 from torch._dynamo.utils import counters
 
 from cl_streamkl.capture import CompiledQK, QKCapture, TeacherQK, attention_lse, compile_model, extractors, recording
-from cl_streamkl.capture.compiled_model import is_compiled
 from cl_streamkl.capture.compiled import check_compile_options
+from cl_streamkl.capture.compiled_model import is_compiled
 from cl_streamkl.strategies import AttentionDistiller, PADPlugin, StreamKLPlugin, frozen_copy
 from cl_streamkl.strategies import distiller as distiller_module
 
@@ -239,8 +240,9 @@ def test_compile_teacher_auto_is_the_default_and_keeps_a_cpu_teacher_eager() -> 
 
 def test_compile_teacher_auto_on_cuda_compiles_with_fallback_but_not_a_compile_model_snapshot(monkeypatch):
     """With the device check answering CUDA: a plain teacher gets CompiledQK(fallback=True); a snapshot
-    of a compile_model student (compiled already, refused by CompiledQK) stays eager instead of raising."""
-    monkeypatch.setattr(distiller_module, "_auto_compiles", lambda teacher: not is_compiled(teacher))
+    of a compile_model student (compiled already, refused by CompiledQK) and a torchvision ViT
+    (nn.MultiheadAttention: no SDPA call to collect) stay eager instead of raising or warning."""
+    monkeypatch.setattr(distiller_module, "_on_cuda", lambda module: True)
     distiller = AttentionDistiller(backend="torch")
     distiller.update_teacher(tiny_teacher(seed=1))
     assert isinstance(distiller._compiled_teacher, CompiledQK) and distiller._compiled_teacher.fallback
@@ -250,6 +252,10 @@ def test_compile_teacher_auto_on_cuda_compiles_with_fallback_but_not_a_compile_m
     assert distiller._compiled_teacher is None and is_compiled(distiller.teacher)
     with pytest.raises(ValueError, match="compiled by compile_model already"):
         AttentionDistiller(backend="torch", compile_teacher=True).update_teacher(student)
+    vision = torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2,
+                                                  hidden_dim=16, mlp_dim=32, num_classes=4)
+    distiller.update_teacher(vision)
+    assert distiller._compiled_teacher is None
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused CUDA backends (cuDNN, flash) need a GPU")
