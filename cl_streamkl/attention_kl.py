@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from cl_streamkl.kernels.config import FUSED_MAX_HEAD_DIM, get_kernel_options
 from cl_streamkl.kernels.torch_streaming import attention_kl_rows_torch
 from cl_streamkl.kernels.validation import (
     AttentionKLOptions,
@@ -30,6 +31,21 @@ def _resolve_backend(backend: str, device: torch.device) -> str:
                 f"before triton is imported); got tensors on {device}. Use backend='torch' instead."
             )
     return backend
+
+
+def _fused_weight(tensors: Sequence[torch.Tensor], reduction: str, given: bool) -> float | None:
+    """The reduction's factor if the fused forward (KL and gradients in one pass) applies, else None.
+
+    It applies where the gradient with respect to q and k is g times a fixed tensor: both
+    log-sum-exps given, a scalar reduction, q or k needing a gradient and the teacher none.
+    """
+    q, k, q_teacher, k_teacher = tensors
+    options = get_kernel_options()
+    if (reduction == "none" or not given or not torch.is_grad_enabled() or options.deterministic
+            or not options.fused_gradients or q_teacher.requires_grad or k_teacher.requires_grad
+            or not (q.requires_grad or k.requires_grad) or max(q.size(-1), q_teacher.size(-1)) > FUSED_MAX_HEAD_DIM):
+        return None
+    return {"sum": 1.0, "mean": 1.0 / q.shape[:3].numel(), "batchmean": 1.0 / q.size(0)}[reduction]
 
 
 def attention_kl(
@@ -78,9 +94,13 @@ def attention_kl(
             Given with ``lse_teacher``, the forward takes one exponential per score instead
             of two. Treated as a constant: the gradient with respect to q and k is complete
             without one through ``lse``. A wrong ``lse`` gives a wrong KL; nothing checks it.
-        lse_teacher: the teacher's, likewise; passed together with ``lse``. Errors in it
-            are corrected: the forward renormalises the teacher's probabilities by their
-            sum, so an ``lse_teacher`` off by rounding (or by a constant) costs nothing.
+        lse_teacher: the teacher's, likewise; passed together with ``lse``. The value is
+            corrected for errors in it (the teacher's probabilities are renormalised by their
+            sum), so an ``lse_teacher`` off by rounding (or by a constant) costs the KL nothing.
+            With a scalar reduction, q or k requiring grad and a frozen teacher, the forward
+            computes the gradients too, in the same pass (the ``fused_gradients`` switch of
+            :mod:`cl_streamkl.kernels.config`), and these take the teacher's probabilities
+            as exp(scores − lse_teacher): exact for the log-sum-exp attention computes.
 
     Returns:
         A float32 tensor: (B, H, Nq) for reduction="none", else a scalar. Gradients
@@ -109,7 +129,11 @@ def _attention_kl(
     problem = check_inputs(q, k, q_teacher, k_teacher, options)
     given = check_given_lse(lse, lse_teacher, q) or ()
     if _resolve_backend(options.backend, q.device) == "triton":
-        from cl_streamkl.kernels.triton import attention_kl_rows_triton
+        from cl_streamkl.kernels.triton import attention_kl_fused_triton, attention_kl_rows_triton
+
+        weight = _fused_weight((q, k, q_teacher, k_teacher), options.reduction, bool(given))
+        if weight is not None:
+            return attention_kl_fused_triton(q, k, q_teacher, k_teacher, problem, *given, weight)
 
         row_kl = attention_kl_rows_triton(q, k, q_teacher, k_teacher, problem, *given)
     else:
@@ -171,7 +195,11 @@ def attention_kl_grouped(
     checked = check_grouped_inputs(problems, scales=scales, teacher_scales=teacher_scales, options=options)
     given = check_grouped_lse(lse, lse_teacher, problems)
     if _resolve_backend(backend, problems[0][0].device) == "triton":
-        from cl_streamkl.kernels.triton import attention_kl_rows_triton_grouped
+        from cl_streamkl.kernels.triton import attention_kl_fused_triton_grouped, attention_kl_rows_triton_grouped
+
+        weight = _fused_weight(problems[0], reduction, given is not None)
+        if weight is not None and not any(t.requires_grad for problem in problems for t in problem[2:]):
+            return attention_kl_fused_triton_grouped(problems, checked, *given, weight)
 
         row_kl = attention_kl_rows_triton_grouped(problems, checked, *(given or ()))
     else:

@@ -1,6 +1,6 @@
 """The kernels' global switches, in one place (as timm's ``layers/config.py``).
 
-Seven options change how the Triton kernels run, never what they compute beyond rounding:
+Eight options change how the Triton kernels run, never what they compute beyond rounding:
 
 * ``autotune`` (default on): tiles chosen by ``triton.autotune`` per (dtype, head dims,
   causal, length bucket), which costs seconds to a minute of compiling per new combination;
@@ -17,7 +17,11 @@ Seven options change how the Triton kernels run, never what they compute beyond 
   tokens, with and without given log-sum-exps); the split kernels elsewhere (slower one-pass
   causal, at head dim 128 and at ViT lengths; docs/tuning-log.md).
 * ``deterministic`` (default off): on, the split kernels run whatever ``backward`` says, so
-  gradients are bit-for-bit reproducible.
+  gradients are bit-for-bit reproducible, and ``fused_gradients`` is off.
+* ``fused_gradients`` (default on): where both log-sum-exps are given, the reduction is a
+  scalar, q or k needs a gradient and the teacher needs none, the forward computes the KL and
+  its gradients in one pass (:mod:`cl_streamkl.kernels.triton.fused`) and the backward only
+  scales them; off, the forward and then the backward kernels run.
 * ``fast_launch`` (default on): replay compiled kernels without Triton's per-launch binder
   (:mod:`cl_streamkl.kernels.triton.launch_cache`); off, every launch goes through
   ``kernel[grid](...)``.
@@ -35,7 +39,8 @@ Read them with :func:`get_kernel_options`, change them for the process with
 
 The environment gives the defaults, read once, when the options are first asked for (so that
 importing the package never fails on them): ``CL_STREAMKL_AUTOTUNE``,
-``CL_STREAMKL_FAST_LAUNCH``, ``CL_STREAMKL_GRAD_AFTER_DOT`` and ``CL_STREAMKL_DETERMINISTIC``
+``CL_STREAMKL_FAST_LAUNCH``, ``CL_STREAMKL_GRAD_AFTER_DOT``, ``CL_STREAMKL_DETERMINISTIC`` and
+``CL_STREAMKL_FUSED_GRADIENTS``
 take ``1``/``0``, ``true``/``false``, ``yes``/``no`` or ``on``/``off`` (any case; empty is
 unset); ``CL_STREAMKL_FORWARD_EXP2`` and ``CL_STREAMKL_BACKWARD_EXP2`` a key of
 :data:`EXP2_VARIANTS`; ``CL_STREAMKL_BACKWARD`` one of :data:`BACKWARDS`. Any other value is
@@ -68,6 +73,8 @@ BACKWARDS = ("auto", "split", "onepass")
 # "auto" runs the one-pass backward from this many queries and keys up (see the module docstring).
 ONE_PASS_MIN_LENGTH = 4096
 ONE_PASS_MAX_HEAD_DIM = 64
+# The fused forward runs for head dims up to this (wider ones keep the forward and backward kernels).
+FUSED_MAX_HEAD_DIM = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,9 +88,10 @@ class KernelOptions:
     grad_after_dot: bool = True
     backward: str = "auto"
     deterministic: bool = False
+    fused_gradients: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("autotune", "fast_launch", "grad_after_dot", "deterministic"):
+        for name in ("autotune", "fast_launch", "grad_after_dot", "deterministic", "fused_gradients"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
         for name in ("forward_exp2", "backward_exp2"):
@@ -108,6 +116,7 @@ class KernelOptions:
             grad_after_dot=_switch(environ, "CL_STREAMKL_GRAD_AFTER_DOT", True),
             backward=_choice(environ, "CL_STREAMKL_BACKWARD", "auto", BACKWARDS),
             deterministic=_switch(environ, "CL_STREAMKL_DETERMINISTIC", False),
+            fused_gradients=_switch(environ, "CL_STREAMKL_FUSED_GRADIENTS", True),
         )
 
 

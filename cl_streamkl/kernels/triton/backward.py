@@ -36,7 +36,7 @@ def _score_grads(
     MASKED: tl.constexpr, TEACHER_GRAD: tl.constexpr, TIMES_GRAD: tl.constexpr,
     POLY_EXP2_DEGREE: tl.constexpr, POLY_EXP2_SPLITS: tl.constexpr,
 ):
-    """dKL/ds_student = g·(P_s − P_t) and, if asked, dKL/ds_teacher = g·P_t·(log P_t − log P_s − KL).
+    """dKL/ds_student = g·(P_s − P_t), if asked dKL/ds_teacher = g·P_t·(log P_t − log P_s − KL); and P_t.
 
     All operands are in the orientation of the caller's score tile; grad and
     row_kl are already broadcast to it. Without TIMES_GRAD the factor g is left to the
@@ -57,7 +57,7 @@ def _score_grads(
             grad_scores_t = grad_scores_t * grad
     else:
         grad_scores_t = grad_scores
-    return grad_scores, grad_scores_t
+    return grad_scores, grad_scores_t, p_t
 
 
 @triton.jit
@@ -72,7 +72,7 @@ def _bwd_dq_tile(
     valid = keys[None, :] < n_k
     if CAUSAL:
         valid = valid & (keys[None, :] <= rows[:, None])
-    grad_scores, grad_scores_t = _score_grads(
+    grad_scores, grad_scores_t, _ = _score_grads(
         log2_p_s, log2_p_t, grad[:, None], row_kl[:, None], valid, MASKED, TEACHER_GRAD, not GRAD_AFTER_DOT,
         POLY_EXP2_DEGREE, POLY_EXP2_SPLITS,
     )
@@ -201,11 +201,11 @@ def _attention_kl_bwd_dq_kernel(
 def _bwd_dk_tile(
     q_base, qt_base, grad_base, row_base, LSE_S, LSE_T, ROW_KL,
     stride_qn, stride_qtn, stride_gn,
-    k, kt, keys, rows, n_q, d_s, d_t, dims_s, dims_t, dk, dkt, dq_sum_base, dqt_sum_base,
+    k, kt, keys, rows, n_q, n_k, d_s, d_t, dims_s, dims_t, dk, dkt, dq_sum_base, dqt_sum_base, row_sums_base,
     scale_s_log2, scale_t_log2,
     MASKED: tl.constexpr, TEACHER_GRAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
     GRAD_AFTER_DOT: tl.constexpr, POLY_EXP2_DEGREE: tl.constexpr, POLY_EXP2_SPLITS: tl.constexpr,
-    ONE_PASS: tl.constexpr,
+    ONE_PASS: tl.constexpr, ROW_TERMS: tl.constexpr,
 ):
     rows64 = rows.to(tl.int64)
     row_ok = rows < n_q
@@ -222,10 +222,15 @@ def _bwd_dk_tile(
     log2_p_s = dot(k, tl.trans(q), DOT_PRECISION) * scale_s_log2 - lse_s[None, :]
     log2_p_t = dot(kt, tl.trans(qt), DOT_PRECISION) * scale_t_log2 - lse_t[None, :]
     valid = keys[:, None] <= rows[None, :]
-    grad_scores, grad_scores_t = _score_grads(
+    grad_scores, grad_scores_t, p_t = _score_grads(
         log2_p_s, log2_p_t, grad[None, :], row_kl[None, :], valid, MASKED, TEACHER_GRAD, not GRAD_AFTER_DOT,
         POLY_EXP2_DEGREE, POLY_EXP2_SPLITS,
     )
+    if ROW_TERMS:
+        # The KL's row sums Σ p̂_t·(log2 p̂_t − log2 p_s) and Σ p̂_t over this key tile; keys past Nk
+        # (zero rows of K, adding nothing to dq or dk) must add nothing here either.
+        p_t = tl.where((keys < n_k)[:, None], p_t, 0.0)
+        _add_row_sums(row_sums_base, rows64, row_ok, tl.sum(p_t * (log2_p_t - log2_p_s), 0), tl.sum(p_t, 0))
     grad_scores = grad_scores.to(q.dtype)
     dk += dot(grad_scores, q, DOT_PRECISION)
     if ONE_PASS:
@@ -249,6 +254,13 @@ def _add_rows(base, rows64, row_ok, dims, dim_limit, values):
 
 
 @triton.jit
+def _add_row_sums(base, rows64, row_ok, gap, total):
+    """Atomically add two per-row float32 sums into rows of a contiguous [N, 2] float32 buffer."""
+    tl.atomic_add(base + rows64 * 2, gap, mask=row_ok, sem="relaxed")
+    tl.atomic_add(base + rows64 * 2 + 1, total, mask=row_ok, sem="relaxed")
+
+
+@triton.jit
 def _dk_keys(
     q_base, k_base, qt_base, kt_base,  # row 0 of this (batch, head) in Q, K, QT, KT
     stride_qn, stride_kn, stride_qtn, stride_ktn,
@@ -256,10 +268,11 @@ def _dk_keys(
     ROW_KL, LSE_S, LSE_T, row_base,  # and the index of this (batch, head)'s row 0 in them
     dk_base, dkt_base, stride_on, stride_otn,  # DK and DKT at this (batch, head)
     dq_sum_base, dqt_sum_base,  # ONE_PASS: row 0 of this (batch, head) in DQ_SUM, DQT_SUM
+    row_sums_base,  # ROW_TERMS: row 0 of this (batch, head) in ROW_SUMS
     pid_n, n_q, n_k, d_s, d_t, scale_s_log2, scale_t_log2, scale_s, scale_t,
     CAUSAL: tl.constexpr, TEACHER_GRAD: tl.constexpr, DOT_PRECISION: tl.constexpr,
     GRAD_AFTER_DOT: tl.constexpr, POLY_EXP2_DEGREE: tl.constexpr, POLY_EXP2_SPLITS: tl.constexpr,
-    ONE_PASS: tl.constexpr,
+    ONE_PASS: tl.constexpr, ROW_TERMS: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DS: tl.constexpr, BLOCK_DT: tl.constexpr,
 ):
     """dk (and dk_t) of key tile ``pid_n`` of one (batch, head), streaming over its queries.
@@ -270,7 +283,8 @@ def _dk_keys(
     (GRAD's row stride is 0, as after a mean or sum): then g multiplies dk once at the end.
     With ONE_PASS the same score tiles also give dq: each query tile's dSᵀ·K is added into the
     float32 sums DQ_SUM (and DQT_SUM) with atomics, which the launcher scales (by g too under
-    GRAD_AFTER_DOT) and casts.
+    GRAD_AFTER_DOT) and casts. With ROW_TERMS (the fused forward, g = 1) the same tiles also add
+    up the KL's two row sums into ROW_SUMS, from which the launcher computes the KL.
     """
     keys = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     keys64 = keys.to(tl.int64)
@@ -293,9 +307,10 @@ def _dk_keys(
             dk, dkt = _bwd_dk_tile(
                 q_base, qt_base, grad_base, row_base, LSE_S, LSE_T, ROW_KL,
                 stride_qn, stride_qtn, stride_gn,
-                k, kt, keys, start_m + offs_m, n_q, d_s, d_t, dims_s, dims_t, dk, dkt, dq_sum_base, dqt_sum_base,
+                k, kt, keys, start_m + offs_m, n_q, n_k, d_s, d_t, dims_s, dims_t, dk, dkt, dq_sum_base, dqt_sum_base,
+                row_sums_base,
                 scale_s_log2, scale_t_log2, True, TEACHER_GRAD, DOT_PRECISION, GRAD_AFTER_DOT,
-                POLY_EXP2_DEGREE, POLY_EXP2_SPLITS, ONE_PASS,
+                POLY_EXP2_DEGREE, POLY_EXP2_SPLITS, ONE_PASS, ROW_TERMS,
             )
     else:
         unmasked_start = 0
@@ -303,9 +318,10 @@ def _dk_keys(
         dk, dkt = _bwd_dk_tile(
             q_base, qt_base, grad_base, row_base, LSE_S, LSE_T, ROW_KL,
             stride_qn, stride_qtn, stride_gn,
-            k, kt, keys, start_m + offs_m, n_q, d_s, d_t, dims_s, dims_t, dk, dkt, dq_sum_base, dqt_sum_base,
+            k, kt, keys, start_m + offs_m, n_q, n_k, d_s, d_t, dims_s, dims_t, dk, dkt, dq_sum_base, dqt_sum_base,
+                row_sums_base,
             scale_s_log2, scale_t_log2, False, TEACHER_GRAD, DOT_PRECISION, GRAD_AFTER_DOT,
-            POLY_EXP2_DEGREE, POLY_EXP2_SPLITS, ONE_PASS,
+            POLY_EXP2_DEGREE, POLY_EXP2_SPLITS, ONE_PASS, ROW_TERMS,
         )
 
     if GRAD_AFTER_DOT:
@@ -339,6 +355,7 @@ def _attention_kl_bwd_dk_kernel(
     DKT,  # [B, H, Nk, Dt], unit stride in Dt; unused unless TEACHER_GRAD
     DQ_SUM,  # [B, H, Nq, Ds] float32, contiguous, zeros; used only when ONE_PASS
     DQT_SUM,  # [B, H, Nq, Dt] float32, contiguous, zeros; used only when ONE_PASS and TEACHER_GRAD
+    ROW_SUMS,  # [B, H, Nq, 2] float32, contiguous, zeros; used only when ROW_TERMS
     stride_qb, stride_qh, stride_qn,
     stride_kb, stride_kh, stride_kn,
     stride_qtb, stride_qth, stride_qtn,
@@ -357,6 +374,7 @@ def _attention_kl_bwd_dk_kernel(
     POLY_EXP2_DEGREE: tl.constexpr,
     POLY_EXP2_SPLITS: tl.constexpr,
     ONE_PASS: tl.constexpr,  # also add up dq (see _dk_keys)
+    ROW_TERMS: tl.constexpr,  # also add up the KL's row sums (the fused forward; see _dk_keys)
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_DS: tl.constexpr,
@@ -369,9 +387,9 @@ def _attention_kl_bwd_dk_kernel(
         stride_qn, stride_kn, stride_qtn, stride_ktn, GRAD + batch * stride_gb + head * stride_gh, stride_gn,
         ROW_KL, LSE_S, LSE_T, pid_bh * n_q, DK + batch * stride_ob + head * stride_oh,
         DKT + batch * stride_otb + head * stride_oth, stride_on, stride_otn,
-        DQ_SUM + pid_bh * n_q * d_s, DQT_SUM + pid_bh * n_q * d_t, pid_n, n_q, n_k, d_s, d_t,
-        scale_s_log2, scale_t_log2, scale_s, scale_t, CAUSAL, TEACHER_GRAD, DOT_PRECISION, GRAD_AFTER_DOT,
-        POLY_EXP2_DEGREE, POLY_EXP2_SPLITS, ONE_PASS, BLOCK_M, BLOCK_N, BLOCK_DS, BLOCK_DT,
+        DQ_SUM + pid_bh * n_q * d_s, DQT_SUM + pid_bh * n_q * d_t, ROW_SUMS + pid_bh * n_q * 2, pid_n, n_q, n_k,
+        d_s, d_t, scale_s_log2, scale_t_log2, scale_s, scale_t, CAUSAL, TEACHER_GRAD, DOT_PRECISION, GRAD_AFTER_DOT,
+        POLY_EXP2_DEGREE, POLY_EXP2_SPLITS, ONE_PASS, ROW_TERMS, BLOCK_M, BLOCK_N, BLOCK_DS, BLOCK_DT,
     )
 
 
@@ -381,6 +399,7 @@ def _attention_kl_grouped_bwd_kernel(
     GRAD,  # [L, B, H, Nq] float32, any strides
     ROW_KL, LSE_S, LSE_T,  # [L, B, H, Nq] float32, contiguous; ROW_KL read only when TEACHER_GRAD
     DQ_SUM, DQT_SUM,  # [L, B, H, Nq, Ds] and [..., Dt] float32, contiguous, zeros; only KEY_SIDE with ONE_PASS
+    ROW_SUMS,  # [L, B, H, Nq, 2] float32, contiguous, zeros; only KEY_SIDE with ROW_TERMS
     stride_gl, stride_gb, stride_gh, stride_gn,
     batch_size, num_heads, n_q, n_k, d_s, d_t,  # shared by all L problems
     N_Q_BUCKET, N_K_BUCKET,
@@ -390,6 +409,7 @@ def _attention_kl_grouped_bwd_kernel(
     GRAD_AFTER_DOT: tl.constexpr,  # see _dq_rows and _dk_keys
     POLY_EXP2_DEGREE: tl.constexpr, POLY_EXP2_SPLITS: tl.constexpr,
     ONE_PASS: tl.constexpr,  # KEY_SIDE also adds up dq (see _dk_keys); the dq launch is skipped
+    ROW_TERMS: tl.constexpr,  # KEY_SIDE also adds up the KL's row sums (the fused forward)
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_DS: tl.constexpr, BLOCK_DT: tl.constexpr,
 ):
     # One kernel for both sides (the launcher launches it twice, KEY_SIDE False then True):
@@ -413,9 +433,9 @@ def _attention_kl_grouped_bwd_kernel(
     if KEY_SIDE:
         _dk_keys(q_base, k_base, qt_base, kt_base, stride_qn, stride_kn, stride_qtn, stride_ktn, grad_base, stride_gn,
                  ROW_KL, LSE_S, LSE_T, pid_bh * n_q, out_base, out_t_base, stride_on, stride_otn,
-                 DQ_SUM + pid_bh * n_q * d_s, DQT_SUM + pid_bh * n_q * d_t, tile, n_q, n_k,
-                 d_s, d_t, scale_s_log2, scale_t_log2, scale_s, scale_t, CAUSAL, TEACHER_GRAD, DOT_PRECISION,
-                 GRAD_AFTER_DOT, POLY_EXP2_DEGREE, POLY_EXP2_SPLITS, ONE_PASS, BLOCK_M, BLOCK_N, BLOCK_DS, BLOCK_DT)
+                 DQ_SUM + pid_bh * n_q * d_s, DQT_SUM + pid_bh * n_q * d_t, ROW_SUMS + pid_bh * n_q * 2, tile, n_q,
+                 n_k, d_s, d_t, scale_s_log2, scale_t_log2, scale_s, scale_t, CAUSAL, TEACHER_GRAD, DOT_PRECISION,
+                 GRAD_AFTER_DOT, POLY_EXP2_DEGREE, POLY_EXP2_SPLITS, ONE_PASS, ROW_TERMS, BLOCK_M, BLOCK_N, BLOCK_DS, BLOCK_DT)
     else:
         _dq_rows(q_base, k_base, qt_base, kt_base, stride_qn, stride_kn, stride_qtn, stride_ktn, grad_base, stride_gn,
                  ROW_KL, LSE_S, LSE_T, pid_bh * n_q, out_base, out_t_base, stride_on, stride_otn, tile, n_q, n_k,

@@ -39,12 +39,18 @@ def _launcher(kernel, kind: str, extra_keys: tuple[str, ...] = ()) -> KernelLaun
 FORWARD_LAUNCHER = _launcher(_attention_kl_fwd_kernel, "fwd", ("KNOWN_LSE",))
 BACKWARD_DQ_LAUNCHER = _launcher(_attention_kl_bwd_dq_kernel, "bwd", ("TEACHER_GRAD",))
 BACKWARD_DK_LAUNCHER = _launcher(_attention_kl_bwd_dk_kernel, "bwd", ("TEACHER_GRAD", "ONE_PASS"))
+# The fused forward (gradients with the KL, launch_fused) runs the key-side kernel with ROW_TERMS:
+# its own tiles (tuning kind "fused") and replay cache.
+FUSED_LAUNCHER = _launcher(_attention_kl_bwd_dk_kernel, "fused", ("ROW_TERMS",))
 GROUPED_FORWARD_LAUNCHER = _launcher(_attention_kl_grouped_fwd_kernel, "fwd", ("KNOWN_LSE",))
 # One grouped backward kernel serves both sides (KEY_SIDE), tuned per side; each side keeps its
 # own launcher and replay cache.
 _GROUPED_BACKWARD = tuned(_attention_kl_grouped_bwd_kernel, "bwd", ("TEACHER_GRAD", "KEY_SIDE", "ONE_PASS"))
 GROUPED_BACKWARD_DQ_LAUNCHER = KernelLauncher(_GROUPED_BACKWARD, replay=not INTERPRETING)
 GROUPED_BACKWARD_DK_LAUNCHER = KernelLauncher(_GROUPED_BACKWARD, replay=not INTERPRETING)
+GROUPED_FUSED_LAUNCHER = KernelLauncher(
+    tuned(_attention_kl_grouped_bwd_kernel, "fused", ("KEY_SIDE", "ROW_TERMS")), replay=not INTERPRETING
+)
 # By name, for code that inspects the launchers (their replay caches, the autotuned tiles).
 KERNEL_LAUNCHERS = {
     "forward": FORWARD_LAUNCHER,
@@ -53,6 +59,8 @@ KERNEL_LAUNCHERS = {
     "grouped_forward": GROUPED_FORWARD_LAUNCHER,
     "grouped_backward_dq": GROUPED_BACKWARD_DQ_LAUNCHER,
     "grouped_backward_dk": GROUPED_BACKWARD_DK_LAUNCHER,
+    "fused": FUSED_LAUNCHER,
+    "grouped_fused": GROUPED_FUSED_LAUNCHER,
 }
 
 TRITON_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
@@ -143,12 +151,14 @@ def one_pass_backward(n_q: int, n_k: int, head_dim: int, causal: bool) -> bool:
 
 
 def backward_constants(
-    dtype: torch.dtype, grad_rows: torch.Tensor, d_s: int, d_t: int, causal: bool, teacher_grad: bool, one_pass: bool
+    dtype: torch.dtype, grad_rows: torch.Tensor, d_s: int, d_t: int, causal: bool, teacher_grad: bool, one_pass: bool,
+    row_terms: bool = False,
 ) -> tuple[dict, dict]:
     """Compile-time constants of the dq kernel and of the dk kernel.
 
     With the grad-after-dot variant, the dk kernel multiplies by g after its loop only when g is
     the same along a (batch, head)'s rows: a row stride of 0, as a mean or sum hands back.
+    ``row_terms``: the dk kernel also adds up the KL's row sums (the fused forward).
     """
     options = get_kernel_options()
     uniform_rows = grad_rows.stride(-1) == 0 or grad_rows.size(-1) == 1
@@ -157,7 +167,8 @@ def backward_constants(
     dims = dict(BLOCK_DS=block_dim(d_s), BLOCK_DT=block_dim(d_t))
     return (
         {**common, "GRAD_AFTER_DOT": options.grad_after_dot, **tail, **dims},
-        {**common, "GRAD_AFTER_DOT": options.grad_after_dot and uniform_rows, **tail, "ONE_PASS": one_pass, **dims},
+        {**common, "GRAD_AFTER_DOT": options.grad_after_dot and uniform_rows, **tail, "ONE_PASS": one_pass,
+         "ROW_TERMS": row_terms, **dims},
     )
 
 
@@ -245,7 +256,9 @@ def launch_forward(
     return rows, lse_student, lse_teacher_out
 
 
-def launch_backward(grad_rows: torch.Tensor, saved: BackwardInputs) -> list[torch.Tensor]:
+def launch_backward(
+    grad_rows: torch.Tensor, saved: BackwardInputs, row_sums: torch.Tensor | None = None
+) -> list[torch.Tensor]:
     """Run the backward: the query-side kernel, then the key-side kernel.
 
     Each recomputes both probability tiles; neither uses atomics, so the gradients are
@@ -256,6 +269,9 @@ def launch_backward(grad_rows: torch.Tensor, saved: BackwardInputs) -> list[torc
     Args:
         grad_rows: upstream gradient of the per-row KL, (B, H, Nq), any strides.
         saved: the forward's inputs, outputs and options, one tensor or scale each.
+        row_sums: for the fused forward (:mod:`~cl_streamkl.kernels.triton.fused`) only: zeros,
+            (B, H, Nq, 2) float32, into which the one-pass key-side kernel also adds the KL's row
+            sums; it then runs on the fused launcher's tiles.
 
     Returns:
         [dq, dk] or, with ``teacher_grad``, [dq, dk, dq_teacher, dk_teacher], each
@@ -266,7 +282,7 @@ def launch_backward(grad_rows: torch.Tensor, saved: BackwardInputs) -> list[torc
     batch, heads, n_q, d_s = q.shape
     n_k, d_t = k.size(2), q_teacher.size(3)
     grad_rows = grad_rows.float()
-    one_pass = one_pass_backward(n_q, n_k, max(d_s, d_t), causal)
+    one_pass = row_sums is not None or one_pass_backward(n_q, n_k, max(d_s, d_t), causal)
     grad_q = empty_gradient_for(q)
     grad_k = empty_gradient_for(k)
     if teacher_grad:
@@ -309,7 +325,10 @@ def launch_backward(grad_rows: torch.Tensor, saved: BackwardInputs) -> list[torc
             length_bucket(n_k),
         )
 
-    dq_constants, dk_constants = backward_constants(q.dtype, grad_rows, d_s, d_t, causal, teacher_grad, one_pass)
+    fused = row_sums is not None
+    dq_constants, dk_constants = backward_constants(
+        q.dtype, grad_rows, d_s, d_t, causal, teacher_grad, one_pass, row_terms=fused
+    )
     options = launch_options("bwd", d_s, d_t, q.dtype)
     with device_guard(q):
         if not one_pass:
@@ -317,8 +336,9 @@ def launch_backward(grad_rows: torch.Tensor, saved: BackwardInputs) -> list[torc
                 arguments(grad_q, grad_q_teacher), dq_constants, options,
                 length=n_q, batch_heads=batch * heads, block="BLOCK_M",
             )
-        BACKWARD_DK_LAUNCHER(
-            arguments(grad_k, grad_k_teacher, dq_sum, dq_teacher_sum), dk_constants, options,
+        (FUSED_LAUNCHER if fused else BACKWARD_DK_LAUNCHER)(
+            arguments(grad_k, grad_k_teacher, dq_sum, dq_teacher_sum, row_sums if fused else unused_sum(q.device)),
+            dk_constants, launch_options("fused", d_s, d_t, q.dtype) if fused else options,
             length=n_k, batch_heads=batch * heads, block="BLOCK_N",
         )
     if one_pass:

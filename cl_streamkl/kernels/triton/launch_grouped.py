@@ -136,7 +136,9 @@ def launch_grouped_forward(
     return rows, lse_student, lse_teacher_out
 
 
-def launch_grouped_backward(grad_rows: torch.Tensor, saved: BackwardInputs) -> list[torch.Tensor]:
+def launch_grouped_backward(
+    grad_rows: torch.Tensor, saved: BackwardInputs, row_sums: torch.Tensor | None = None
+) -> list[torch.Tensor]:
     """Run the grouped backward: one dq launch and one dk launch for all L problems.
 
     With the one-pass backward (:func:`~cl_streamkl.kernels.triton.launch.launch_backward`), the dk launch alone.
@@ -145,6 +147,8 @@ def launch_grouped_backward(grad_rows: torch.Tensor, saved: BackwardInputs) -> l
         grad_rows: upstream gradient of the per-row KL, (L, B, H, Nq), any strides.
         saved: the grouped forward's inputs and scales (a list over problems each), its
             outputs (L, B, H, Nq) and its options.
+        row_sums: for the fused forward only: zeros, (L, B, H, Nq, 2) float32, as
+            :func:`~cl_streamkl.kernels.triton.launch.launch_backward` takes them.
 
     Returns:
         dq of every problem, then dk of every problem (2L tensors) and, with
@@ -156,7 +160,8 @@ def launch_grouped_backward(grad_rows: torch.Tensor, saved: BackwardInputs) -> l
     batch, heads, n_q, d_s = q[0].shape
     n_k, d_t = k[0].size(2), q_teacher[0].size(3)
     grad_rows = grad_rows.float()
-    one_pass = one_pass_backward(n_q, n_k, max(d_s, d_t), causal)
+    fused = row_sums is not None
+    one_pass = fused or one_pass_backward(n_q, n_k, max(d_s, d_t), causal)
     grad_q = [empty_gradient_for(tensor) for tensor in q]
     grad_k = [empty_gradient_for(tensor) for tensor in k]
     if teacher_grad:
@@ -175,20 +180,26 @@ def launch_grouped_backward(grad_rows: torch.Tensor, saved: BackwardInputs) -> l
         BACKWARD_TABLE_WIDTH.value,
     )
     arguments = (
-        table, grad_rows, row_kl, lse_student, lse_teacher, dq_sum, dq_teacher_sum, *grad_rows.stride(),
+        table, grad_rows, row_kl, lse_student, lse_teacher, dq_sum, dq_teacher_sum,
+        row_sums if fused else unused_sum(q[0].device), *grad_rows.stride(),
         batch, heads, n_q, n_k, d_s, d_t, length_bucket(n_q), length_bucket(n_k),
     )
     table_constants = dict(ELEMENT=TRITON_DTYPES[q[0].dtype], ALIGNED=aligned)
-    dq_constants, dk_constants = backward_constants(q[0].dtype, grad_rows, d_s, d_t, causal, teacher_grad, one_pass)
-    dq_options, dk_options = (grouped_launch_options(kind, n_q, n_k, d_s, d_t, q[0].dtype) for kind in ("dq", "dk"))
+    dq_constants, dk_constants = backward_constants(
+        q[0].dtype, grad_rows, d_s, d_t, causal, teacher_grad, one_pass, row_terms=fused
+    )
+    dq_options, dk_options = (
+        grouped_launch_options(kind, n_q, n_k, d_s, d_t, q[0].dtype) for kind in ("dq", "fused" if fused else "dk")
+    )
     programs = len(q) * batch * heads
     with device_guard(q[0]):
         if not one_pass:
             launch.GROUPED_BACKWARD_DQ_LAUNCHER(
-                arguments, {**table_constants, "KEY_SIDE": False, **dq_constants, "ONE_PASS": False}, dq_options,
+                arguments, {**table_constants, "KEY_SIDE": False, **dq_constants, "ONE_PASS": False,
+                            "ROW_TERMS": False}, dq_options,
                 length=n_q, batch_heads=programs, block="BLOCK_M",
             )
-        launch.GROUPED_BACKWARD_DK_LAUNCHER(
+        (launch.GROUPED_FUSED_LAUNCHER if fused else launch.GROUPED_BACKWARD_DK_LAUNCHER)(
             arguments, {**table_constants, "KEY_SIDE": True, **dk_constants}, dk_options,
             length=n_k, batch_heads=programs, block="BLOCK_N",
         )

@@ -42,6 +42,8 @@ _TILE_SHAPES = {
     "fwd": [(128, 64), (128, 128), (64, 64), (64, 128), (128, 32), (64, 32)],
     "bwd": [(64, 64), (128, 64), (64, 128), (32, 64), (64, 32), (128, 128)],
 }
+# The fused forward (the key-side backward kernel adding up the KL too) tiles as the backward does.
+_TILE_SHAPES["fused"] = _TILE_SHAPES["bwd"]
 # At ViT lengths (both length buckets at most 2048) only these (BLOCK_M, BLOCK_N, warps,
 # stages) are tried: every tile the CUDA-graph-timed autotuner picked on the H200 at 197,
 # 577 and 1025 tokens, and their neighbours, plus the fastest dq and dk tiles of a sweep of
@@ -55,6 +57,7 @@ SHORT_SEQUENCE_CANDIDATES = {
     "bwd": {(64, 64, w, s) for w in (4, 8) for s in (2, 3)}
     | {(128, 64, 8, 2), (64, 128, 8, 2), (32, 64, 4, 2), (128, 128, 8, 2), (64, 32, 4, 3), (128, 64, 4, 2)},
 }
+SHORT_SEQUENCE_CANDIDATES["fused"] = SHORT_SEQUENCE_CANDIDATES["bwd"] | {(64, 128, 4, 3)}
 
 
 def autotune_configs(kind: str) -> list[triton.Config]:
@@ -127,6 +130,10 @@ def _gpu_heuristic(kind: str, widest_head_dim: int, element_size: int) -> dict:
         return {"BLOCK_M": 64, "BLOCK_N": 32, "num_warps": 4, "num_stages": 2}
     if kind == "fwd":
         return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
+    if kind == "fused":
+        # 64 queries streamed past 128 keys held: the fastest of a sweep from 4096 to 32768 tokens
+        # on an H100 (bf16, D = 64; docs/tuning-log.md, "The fused forward").
+        return {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3}
     return {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 
 
@@ -142,17 +149,18 @@ def launch_options(kind: str, d_s: int, d_t: int, dtype: torch.dtype) -> dict:
 # calls). Each is the fastest of a sweep of 12 blocks on the H200 at 197, 577 and 1025 tokens
 # (docs/tuning-log.md, "Grouped kernels: tiles per length bucket").
 GROUPED_TILES: dict[int, dict[str, tuple[int, int, int, int]]] = {
-    256: {"fwd": (64, 32, 4, 2), "dq": (64, 32, 4, 3), "dk": (64, 64, 4, 2)},
-    SHORT_SEQUENCE_BUCKET: {"fwd": (64, 32, 4, 2), "dq": (64, 32, 4, 3), "dk": (128, 64, 4, 2)},
+    256: {"fwd": (64, 32, 4, 2), "dq": (64, 32, 4, 3), "dk": (64, 64, 4, 2), "fused": (64, 64, 4, 2)},
+    SHORT_SEQUENCE_BUCKET: {"fwd": (64, 32, 4, 2), "dq": (64, 32, 4, 3), "dk": (128, 64, 4, 2),
+                            "fused": (64, 64, 4, 2)},
 }
 
 
 def grouped_launch_options(kind: str, n_q: int, n_k: int, d_s: int, d_t: int, dtype: torch.dtype) -> dict:
-    """Tiles of a grouped kernel ("fwd", "dq" or "dk"): :data:`GROUPED_TILES` for 2-byte inputs with
-    head dims up to 128 at ViT lengths, else those of :func:`launch_options`."""
+    """Tiles of a grouped kernel ("fwd", "dq", "dk" or "fused"): :data:`GROUPED_TILES` for 2-byte inputs
+    with head dims up to 128 at ViT lengths, else those of :func:`launch_options`."""
     bucket = max(length_bucket(n_q), length_bucket(n_k))
     if INTERPRETING or dtype.itemsize != 2 or max(d_s, d_t) > 128 or bucket > SHORT_SEQUENCE_BUCKET:
-        return launch_options("fwd" if kind == "fwd" else "bwd", d_s, d_t, dtype)
+        return launch_options(kind if kind in ("fwd", "fused") else "bwd", d_s, d_t, dtype)
     block_m, block_n, warps, stages = GROUPED_TILES[256 if bucket <= 256 else SHORT_SEQUENCE_BUCKET][kind]
     return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages}
 
@@ -191,7 +199,7 @@ def zeroed_arguments(kernel) -> list[str]:
     Whatever tensor a launcher passes there is overwritten with zeros on the first launch of
     each tuning key, so it must be a buffer of its own, never a tensor the kernel also reads.
     """
-    return [name for name in ("DQ_SUM", "DQT_SUM") if name in getattr(kernel, "arg_names", ())]
+    return [name for name in ("DQ_SUM", "DQT_SUM", "ROW_SUMS") if name in getattr(kernel, "arg_names", ())]
 
 
 def tuned(kernel, kind: str, extra_keys: tuple[str, ...] = ()):
