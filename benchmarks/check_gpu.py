@@ -9,7 +9,10 @@ Checks, on CUDA, against the float64 materialising reference:
     views; the grouped kernels over 4 blocks of 8x2xNx32 at N = 1025 (fixed grouped tiles) and
     4097 (the autotuner's path), with and without given log-sum-exps;
   * int64 addressing: a strided view whose offsets pass 2**31 elements, at N = 131072;
-  * torch.compile(fullgraph=True) through the registered custom ops.
+  * torch.compile(fullgraph=True) through the registered custom ops;
+  * the fused forward (``fused``: a mean KL and its gradients in one pass, both log-sum-exps
+    given, a random upstream scalar) at 197, 1025, 4097 and 8193 tokens, head dims 64 and 128,
+    causal too, and grouped over 12 blocks at 197 and 1025 and 4 blocks at 4097.
 Then times (1, 12, 8192, 64) bf16 fwd and fwd+bwd beside SDPA and eager PyTorch.
 
 Usage (from the repository root, with the package installed: ``pip install -e .``):
@@ -28,6 +31,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from _harness.fused_checks import check_fused, check_fused_grouped
 from _harness.kl_workloads import log_sum_exps
 from _harness.measure import median_ms, relative_error
 from _harness.options import DTYPES
@@ -37,7 +41,7 @@ from cl_streamkl.kernels import eager_attention_kl
 from cl_streamkl.kernels.config import BACKWARDS, kernel_options
 
 LENGTHS = (1, 17, 197, 577, 1024, 1025, 4096)
-EXTRA_CHECKS = ("strided", "grouped", "int64", "compile")
+EXTRA_CHECKS = ("strided", "grouped", "int64", "compile", "fused")
 
 
 def given_lse(q, k, q_t, k_t, causal: bool = False) -> dict:
@@ -251,6 +255,19 @@ def run_checks(
     return records
 
 
+def fused_cases() -> dict:
+    """The fused forward's checks, by name (see the module docstring)."""
+    cases = {f"fused 2x2x{n}x{dim} bf16{' causal' if causal else ''}": functools.partial(
+        check_fused, 2 if n < 4096 else 1, 2, n, dim, torch.bfloat16, causal)
+        for n in (197, 1025, 4097, 8193) for dim in (64, 128) for causal in (False, True) if not (causal and dim == 128)}
+    cases["fused 2x2x1025x64 fp16"] = functools.partial(check_fused, 2, 2, 1025, 64, torch.float16)
+    cases["fused 2x2x1025x64 fp32"] = functools.partial(check_fused, 2, 2, 1025, 64, torch.float32)
+    for blocks, n in ((12, 197), (12, 1025), (4, 4097)):
+        cases[f"fused grouped {blocks} blocks 4x3x{n}x64 bf16"] = functools.partial(
+            check_fused_grouped, blocks, 4 if n < 4096 else 1, 3, n, 64)
+    return cases
+
+
 def run_extra_checks(
     backwards: list[str], known: list[bool], head_dims: list[int], extra_checks: list[str]
 ) -> list[dict]:
@@ -266,6 +283,8 @@ def run_extra_checks(
     for n, known_lse in ((n, g) for n in (1025, 4097) for g in known if "grouped" in extra_checks):
         bf16_cases[f"grouped 4 blocks 8x2x{n}x32 bf16{' lse given' if known_lse else ''}"] = functools.partial(
             check_grouped, 8, 2, n, 32, known_lse=known_lse)
+    if "fused" in extra_checks:
+        bf16_cases.update(fused_cases())
     for name, check in bf16_cases.items():
         with kernel_options(backward=name.split()[-1] if name.split()[-1] in BACKWARDS else "split"):
             result = check()

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from _harness.kl_workloads import KNOWN_LSE, ONE_PASS, Problem, given_lse, make_inputs
+from _harness.kl_workloads import FUSED, KNOWN_LSE, ONE_PASS, Problem, given_lse, make_inputs
 from _harness.measure import relative_error
 from _harness.options import KL_IMPLEMENTATIONS
 from cl_streamkl import attention_kl, attention_kl_reference
@@ -51,6 +51,20 @@ def checked_problem(problem: Problem) -> Problem:
     return Problem(1, heads, min(problem.seq, CHECK_MAX_SEQ), problem.head_dim, problem.dtype, problem.causal)
 
 
+def _check_fused(checked: Problem, problem: Problem, inputs: dict, reference_rows: torch.Tensor) -> CheckResult:
+    """The fused forward against float64: it takes a scalar reduction, so a mean times a random factor."""
+    q, k, q_teacher, k_teacher = (inputs[name] for name in ("q", "k", "q_teacher", "k_teacher"))
+    factor = float(torch.empty(()).uniform_(0.5, 3.0))
+    reference = reference_rows.mean() * factor
+    reference_dq, reference_dk = torch.autograd.grad(reference, (q, k), retain_graph=True)
+    value = attention_kl(q, k, q_teacher, k_teacher, causal=problem.causal, backend="triton",
+                         **given_lse(inputs, problem.causal)) * factor
+    dq, dk = torch.autograd.grad(value, (q, k))
+    return CheckResult(FUSED, problem.label, problem.dtype_name, problem.causal, checked.label,
+                       kl=relative_error(value, reference), dq=relative_error(dq, reference_dq),
+                       dk=relative_error(dk, reference_dk), bound=CHECK_BOUNDS[problem.dtype])
+
+
 def check_problem(problem: Problem, impls: Sequence[str], device: torch.device) -> list[CheckResult]:
     """Compare the KL implementations in ``impls`` with the float64 reference on a small problem.
 
@@ -66,9 +80,12 @@ def check_problem(problem: Problem, impls: Sequence[str], device: torch.device) 
     reference_rows = attention_kl_reference(
         q, k, q_teacher, k_teacher, causal=problem.causal, reduction="none"
     )
-    reference_dq, reference_dk = torch.autograd.grad((reference_rows * weight).sum(), (q, k))
+    reference_dq, reference_dk = torch.autograd.grad((reference_rows * weight).sum(), (q, k), retain_graph=True)
     results = []
     for impl in impls:
+        if impl == FUSED:
+            results.append(_check_fused(checked, problem, inputs, reference_rows))
+            continue
         if impl in KL_IMPLEMENTATIONS or impl == ONE_PASS or impl in KNOWN_LSE:
             backend = impl if impl in KL_IMPLEMENTATIONS else "triton"
             lse = given_lse(inputs, problem.causal) if impl in KNOWN_LSE else {}

@@ -5,7 +5,9 @@ Implementations: ``triton`` and ``torch`` (``attention_kl`` with that backend; `
 split backward, ``kernel_options(backward="split")``), ``triton_onepass`` (the triton backend with
 the one-pass backward, ``kernel_options(backward="onepass")``),
 ``triton_lse`` and ``triton_lse_onepass`` (the same handed both log-sum-exps, as the models'
-attention computes them: :func:`log_sum_exps`, outside the timed call), ``eager`` (both
+attention computes them: :func:`log_sum_exps`, outside the timed call; forward, then backward
+kernels: ``kernel_options(fused_gradients=False)``), ``triton_fused`` (handed both log-sum-exps,
+the default: the gradients computed in the forward pass, the backward scaling them), ``eager`` (both
 maps materialised, ``cl_streamkl.kernels.eager_attention_kl``), ``compiled`` (its
 ``torch.compile``), ``sdpa`` (SDPA's default backend, named per row) and ``sdpa_fa2`` (SDPA
 pinned to FlashAttention-2).
@@ -28,7 +30,8 @@ from cl_streamkl.kernels.config import kernel_options
 
 ONE_PASS = "triton_onepass"
 KNOWN_LSE = ("triton_lse", "triton_lse_onepass")
-IMPLEMENTATIONS = ("triton", ONE_PASS, *KNOWN_LSE, "torch", "eager", "compiled", "sdpa", "sdpa_fa2")
+FUSED = "triton_fused"
+IMPLEMENTATIONS = ("triton", ONE_PASS, *KNOWN_LSE, FUSED, "torch", "eager", "compiled", "sdpa", "sdpa_fa2")
 SDPA_IMPLEMENTATIONS = ("sdpa", "sdpa_fa2")
 
 # torch._fused_sdp_choice's answer → the backend's name (torch.nn.attention.SDPBackend order).
@@ -178,12 +181,20 @@ def make_workload(impl: str, problem: Problem, inputs: dict[str, torch.Tensor]) 
             forward=lambda: attention_kl(q, k, q_teacher, k_teacher, causal=causal, backend=impl),
             backward=_backward_scalar,
         )
+    if impl == FUSED:
+        lse = given_lse(inputs, causal)
+        return Workload(
+            leaves=[q, k],
+            forward=lambda: attention_kl(q, k, q_teacher, k_teacher, causal=causal, backend="triton", **lse),
+            backward=_backward_scalar,
+        )
     if impl in ("triton", ONE_PASS, *KNOWN_LSE):
         lse = given_lse(inputs, causal) if impl in KNOWN_LSE else {}
         backward_kind = "onepass" if impl.endswith("onepass") else "split"
 
         def forward() -> torch.Tensor:
-            return attention_kl(q, k, q_teacher, k_teacher, causal=causal, backend="triton", **lse)
+            with kernel_options(fused_gradients=False):
+                return attention_kl(q, k, q_teacher, k_teacher, causal=causal, backend="triton", **lse)
 
         def backward(output: torch.Tensor, retain_graph: bool) -> None:
             with kernel_options(backward=backward_kind):
