@@ -9,7 +9,8 @@ Three parts, in this order:
     error over the bound marks the check FAIL and the exit status 1.
 (b) timing (triton.testing.do_bench, median) of fwd and fwd+bwd at the same shapes: 12
     attention_kl calls, one attention_kl_grouped call (also handed both models' log-sum-exps,
-    with the split and with the one-pass backward), and 12 F.scaled_dot_product_attention
+    forward then the split or the one-pass backward, and fused: the gradients in the forward
+    pass, the default), and 12 F.scaled_dot_product_attention
     calls (the backend SDPA picked is named from the kernels it launched), with the peak
     memory each allocates per query row (fwd: what stays for backward; fwd+bwd: with gradients).
 (c) each variant of cl_streamkl.kernels.config (EXP2_VARIANTS, grad_after_dot) timed in fwd, bwd and fwd+bwd against
@@ -227,9 +228,11 @@ def time_grouped(blocks: int, shape, device, warmup_ms: int, rep_ms: int) -> lis
     sdpa_ones = [torch.ones_like(q) for q, _, _ in student]
     lse = given_lse(problems)
 
-    def known(backward: str):
+    def known(backward: str, fused: bool = False):
         def forward():
-            return attention_kl_grouped(problems, backend="triton", **lse)
+            # Forward then backward kernels, or (fused, the default) the gradients in the forward pass.
+            with kernel_options(fused_gradients=fused):
+                return attention_kl_grouped(problems, backend="triton", **lse)
 
         def forward_backward():
             with kernel_options(backward=backward):
@@ -244,6 +247,7 @@ def time_grouped(blocks: int, shape, device, warmup_ms: int, rep_ms: int) -> lis
         "attention_kl_grouped": (lambda: attention_kl_grouped(problems, backend="triton"), kl_inputs, ones),
         "attention_kl_grouped lse": known("split"),
         "attention_kl_grouped lse onepass": known("onepass"),
+        "attention_kl_grouped lse fused": known("onepass", fused=True),
         f"sdpa x{blocks}": (lambda: [F.scaled_dot_product_attention(*block) for block in student], sdpa_inputs, sdpa_ones),
     }
     rows_per_call = blocks * shape[0] * shape[1] * shape[2]

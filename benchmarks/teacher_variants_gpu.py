@@ -11,8 +11,10 @@ penalty on one perturbed batch is checked against the float64 reference.
 Variants: ``none`` (a); ``eager`` (the plugin's default teacher); ``compiled`` (``compile_teacher``:
 ``torch.compile``, its log-sum-exps recorded in the graph); ``graphs`` (the same in
 ``mode="reduce-overhead"``: CUDA graphs); ``*-online`` (the student's log-sum-exp withheld, so
-the forward computes both online); ``t-eager`` / ``t-compiled`` (the teacher's forward and the
-captures without the penalty).
+the forward computes both online); ``compiled-unfused`` (the forward, then the backward kernels:
+``kernel_options(fused_gradients=False)``); ``fp8`` (the compiled teacher's linear layers in
+float8, torchao; ``_harness.low_precision``); ``t-eager`` / ``t-compiled`` / ``t-fp8`` (the
+teacher's forward and the captures without the penalty).
 
 Examples (from the repository root, with the package installed)::
 
@@ -31,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from _harness.low_precision import float8_teacher
 from _harness.measure import free_memory, sync
 from _harness.options import add_run_flags, checked_device, timing_batches
 from _harness.penalty_check import PERTURBATION_STD, _perturb, reference_penalty
@@ -38,6 +41,7 @@ from _harness.report import aligned, cell, describe_environment, environment_lin
 from _harness.report import table_header, write_json
 from _harness.vit_training import DEFAULT_MODEL, TINY_MODEL_KWARGS, Trainer, build_trainer, random_batch
 from cl_streamkl.capture import QKCapture
+from cl_streamkl.kernels.config import kernel_options
 from cl_streamkl.strategies import frozen_copy
 
 # name → (method of build_trainer, compile_teacher, pass the student's log-sum-exps)
@@ -48,9 +52,15 @@ VARIANTS = {
     "compiled": ("triton", True, True),
     "compiled-online": ("triton", True, False),
     "graphs": ("triton", {"mode": "reduce-overhead"}, True),
+    "compiled-unfused": ("triton", True, True),
+    "fp8": ("triton", True, True),
     "t-eager": ("teacher", False, True),
     "t-compiled": ("teacher", True, True),
+    "t-fp8": ("teacher", True, True),
 }
+# Kernel options a variant's steps run under, and the variants with a float8 teacher.
+VARIANT_OPTIONS = {"compiled-unfused": {"fused_gradients": False}}
+FLOAT8_VARIANTS = ("fp8", "t-fp8")
 DEFAULT_VARIANTS = ("none", "eager", "compiled", "compiled-online", "graphs", "t-eager", "t-compiled")
 DEFAULT_IMAGE_SIZES, DEFAULT_BATCHES = (224, 512, 1024), (64, 16, 4)
 
@@ -97,6 +107,10 @@ def build(variant: str, args: argparse.Namespace, image_size: int) -> Trainer:
         method = "torch"  # a smoke run: the kernels need CUDA (or Triton's slow interpreter)
     trainer = build_trainer(method, args.model, args.model_kwargs, image_size, 1.0, args.device, compile_teacher)
     trainer.pass_student_lse = student_lse
+    if variant in FLOAT8_VARIANTS:
+        # The penalty is checked against the float64 penalty of the teacher before quantising.
+        trainer.reference_teacher = frozen_copy(trainer.distiller.teacher)
+        float8_teacher(trainer.distiller.teacher)
     return trainer
 
 
@@ -114,8 +128,9 @@ def check_penalty(trainer: Trainer, result: VariantResult, image_size: int, batc
         lse = capture.lse if trainer.pass_student_lse else None
         penalty = distiller.penalty(images, capture.qk, student_scales=capture.scales, teacher=teacher,
                                     student_lse=lse)
-        with QKCapture(distiller.teacher, "all") as reference_teacher:
-            distiller.teacher(images)
+        unquantised = getattr(trainer, "reference_teacher", distiller.teacher)
+        with QKCapture(unquantised, "all") as reference_teacher:
+            unquantised(images)
     result.penalty = float(penalty)
     result.penalty_reference = reference_penalty(capture, reference_teacher)
 
@@ -126,7 +141,8 @@ def time_round(trainer: Trainer, result: VariantResult, images: torch.Tensor, la
     for _ in range(steps):
         sync(trainer.device)
         start = time.perf_counter()
-        trainer.step(images, labels)
+        with kernel_options(**VARIANT_OPTIONS.get(result.variant, {})):
+            trainer.step(images, labels)
         host = time.perf_counter()
         sync(trainer.device)
         result.step_ms.append((time.perf_counter() - start) * 1e3)
@@ -143,8 +159,9 @@ def run_size(args: argparse.Namespace, image_size: int, batch: int) -> list[Vari
         if trainer.distiller is not None and VARIANTS[variant][0] != "teacher":
             # At the timing batch: a compiled teacher meets no second input signature (no recompile).
             check_penalty(trainer, results[variant], image_size, batch)
-        for _ in range(args.warmup_steps):
-            trainer.step(images, labels)
+        with kernel_options(**VARIANT_OPTIONS.get(variant, {})):
+            for _ in range(args.warmup_steps):
+                trainer.step(images, labels)
         print(f"{image_size}px {variant}: ready", flush=True)
     for _ in range(args.rounds):
         for variant, trainer in trainers.items():
@@ -180,6 +197,9 @@ VARIANT_LABELS = {
     "compiled": "compiled, both LSEs given",
     "compiled-online": "compiled, student LSE withheld",
     "graphs": "compiled + CUDA graphs, both LSEs given",
+    "compiled-unfused": "compiled, both LSEs given, forward then backward kernels",
+    "fp8": "compiled float8 teacher, both LSEs given",
+    "t-fp8": "(t) compiled float8 teacher, no penalty",
     "t-eager": "(t) eager teacher, no penalty",
     "t-compiled": "(t) compiled teacher, no penalty",
 }

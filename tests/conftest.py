@@ -1,7 +1,8 @@
 """Test-session setup.
 
 * Triton kernels run on the CPU through its interpreter, which must be chosen
-  before triton is first imported (set CL_STREAMKL_TEST_GPU=1 to test on CUDA).
+  before triton is first imported (set CL_STREAMKL_TEST_GPU=1 to test on CUDA, with the
+  heuristic tiles unless CL_STREAMKL_AUTOTUNE says otherwise).
 * benchmarks/ is on sys.path, as for a script run from it.
 * Every float tensor that ``torch.empty``/``torch.empty_like`` returns is filled
   with NaN, so an output element a kernel forgets to write fails the test
@@ -17,6 +18,11 @@ from pathlib import Path
 
 if os.environ.get("CL_STREAMKL_TEST_GPU") != "1":
     os.environ.setdefault("TRITON_INTERPRET", "1")
+else:
+    # On CUDA the suite runs the heuristic tiles: autotuning compiles and times every candidate
+    # tile per shape, minutes for the suite's many small shapes. benchmarks/check_gpu.py checks
+    # the autotuned configuration users get.
+    os.environ.setdefault("CL_STREAMKL_AUTOTUNE", "0")
 
 # The benchmark scripts run as files (``python benchmarks/<script>.py``), which puts their
 # folder on sys.path; their smoke tests import them, and ``_harness``, the same way.
