@@ -98,7 +98,8 @@ class KernelLauncher:
         if not (self.replay and get_kernel_options().fast_launch):
             self._launch_through_triton(args, constants, options, length, batch_heads, block)
             return
-        key = (args[0].device.index, block, length, batch_heads, bool(options),
+        # The tiles passed (if any) are part of the key: other tiles are another compiled kernel.
+        key = (args[0].device.index, block, length, batch_heads, tuple(options.values()),
                signature_key(args, tuple(constants.values())))
         entry = self._compiled.get(key)
         if entry is None:

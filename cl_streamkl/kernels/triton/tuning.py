@@ -124,6 +124,11 @@ def _heuristic_options(kind: str, widest_head_dim: int, element_size: int) -> di
     return _gpu_heuristic(kind, widest_head_dim, element_size)
 
 
+# The fused forward's tiles past ViT lengths, (BLOCK_M queries streamed, BLOCK_N keys held, warps,
+# stages): the fastest of benchmarks/fused_tiles_gpu.py's sweep (docs/tuning-log.md, "The fused forward").
+FUSED_TILES = (64, 128, 4, 3)
+
+
 def _gpu_heuristic(kind: str, widest_head_dim: int, element_size: int) -> dict:
     # Shared memory holds the pipelined K tiles: 4-byte inputs and wide heads need smaller tiles.
     if widest_head_dim > 128 or element_size == 4:
@@ -131,9 +136,8 @@ def _gpu_heuristic(kind: str, widest_head_dim: int, element_size: int) -> dict:
     if kind == "fwd":
         return {"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 3}
     if kind == "fused":
-        # 64 queries streamed past 128 keys held: the fastest of a sweep from 4096 to 32768 tokens
-        # on an H100 (bf16, D = 64; docs/tuning-log.md, "The fused forward").
-        return {"BLOCK_M": 64, "BLOCK_N": 128, "num_warps": 4, "num_stages": 3}
+        block_m, block_n, warps, stages = FUSED_TILES
+        return {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": warps, "num_stages": stages}
     return {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}
 
 
