@@ -28,6 +28,8 @@ from cl_streamkl.kernels.triton.common import (
     table_scale,
     teacher_exp2,
 )
+from cl_streamkl.kernels.triton.fused_tile import add_rows as _add_rows
+from cl_streamkl.kernels.triton.fused_tile import fused_tile
 
 
 @triton.jit
@@ -36,7 +38,7 @@ def _score_grads(
     MASKED: tl.constexpr, TEACHER_GRAD: tl.constexpr, TIMES_GRAD: tl.constexpr,
     POLY_EXP2_DEGREE: tl.constexpr, POLY_EXP2_SPLITS: tl.constexpr,
 ):
-    """dKL/ds_student = g·(P_s − P_t), if asked dKL/ds_teacher = g·P_t·(log P_t − log P_s − KL); and P_t.
+    """dKL/ds_student = g·(P_s − P_t) and, if asked, dKL/ds_teacher = g·P_t·(log P_t − log P_s − KL).
 
     All operands are in the orientation of the caller's score tile; grad and
     row_kl are already broadcast to it. Without TIMES_GRAD the factor g is left to the
@@ -57,7 +59,7 @@ def _score_grads(
             grad_scores_t = grad_scores_t * grad
     else:
         grad_scores_t = grad_scores
-    return grad_scores, grad_scores_t, p_t
+    return grad_scores, grad_scores_t
 
 
 @triton.jit
@@ -72,7 +74,7 @@ def _bwd_dq_tile(
     valid = keys[None, :] < n_k
     if CAUSAL:
         valid = valid & (keys[None, :] <= rows[:, None])
-    grad_scores, grad_scores_t, _ = _score_grads(
+    grad_scores, grad_scores_t = _score_grads(
         log2_p_s, log2_p_t, grad[:, None], row_kl[:, None], valid, MASKED, TEACHER_GRAD, not GRAD_AFTER_DOT,
         POLY_EXP2_DEGREE, POLY_EXP2_SPLITS,
     )
@@ -219,18 +221,33 @@ def _bwd_dk_tile(
         row_kl = tl.load(ROW_KL + row_base + rows64, mask=row_ok, other=0.0)
     else:
         row_kl = grad
+    if ROW_TERMS:
+        dk = fused_tile(q, qt, k, kt, keys, rows, rows64, row_ok, n_k, lse_s, lse_t, dk, dq_sum_base, row_sums_base,
+                        dims_s, d_s, scale_s_log2, scale_t_log2, MASKED, DOT_PRECISION, POLY_EXP2_DEGREE,
+                        POLY_EXP2_SPLITS)
+    else:
+        dk, dkt = _dk_tile_scores(q, qt, k, kt, keys, rows, rows64, row_ok, grad, row_kl, lse_s, lse_t, dk, dkt,
+                                  dq_sum_base, dqt_sum_base, dims_s, dims_t, d_s, d_t, scale_s_log2, scale_t_log2,
+                                  MASKED, TEACHER_GRAD, DOT_PRECISION, GRAD_AFTER_DOT, POLY_EXP2_DEGREE,
+                                  POLY_EXP2_SPLITS, ONE_PASS)
+    return dk, dkt
+
+
+@triton.jit
+def _dk_tile_scores(
+    q, qt, k, kt, keys, rows, rows64, row_ok, grad, row_kl, lse_s, lse_t, dk, dkt, dq_sum_base, dqt_sum_base,
+    dims_s, dims_t, d_s, d_t, scale_s_log2, scale_t_log2,
+    MASKED: tl.constexpr, TEACHER_GRAD: tl.constexpr, DOT_PRECISION: tl.constexpr, GRAD_AFTER_DOT: tl.constexpr,
+    POLY_EXP2_DEGREE: tl.constexpr, POLY_EXP2_SPLITS: tl.constexpr, ONE_PASS: tl.constexpr,
+):
+    """The key-side tile's scores in the transposed orientation [keys, queries], their dk and dq shares."""
     log2_p_s = dot(k, tl.trans(q), DOT_PRECISION) * scale_s_log2 - lse_s[None, :]
     log2_p_t = dot(kt, tl.trans(qt), DOT_PRECISION) * scale_t_log2 - lse_t[None, :]
     valid = keys[:, None] <= rows[None, :]
-    grad_scores, grad_scores_t, p_t = _score_grads(
+    grad_scores, grad_scores_t = _score_grads(
         log2_p_s, log2_p_t, grad[None, :], row_kl[None, :], valid, MASKED, TEACHER_GRAD, not GRAD_AFTER_DOT,
         POLY_EXP2_DEGREE, POLY_EXP2_SPLITS,
     )
-    if ROW_TERMS:
-        # The KL's row sums Σ p̂_t·(log2 p̂_t − log2 p_s) and Σ p̂_t over this key tile; keys past Nk
-        # (zero rows of K, adding nothing to dq or dk) must add nothing here either.
-        p_t = tl.where((keys < n_k)[:, None], p_t, 0.0)
-        _add_row_sums(row_sums_base, rows64, row_ok, tl.sum(p_t * (log2_p_t - log2_p_s), 0), tl.sum(p_t, 0))
     grad_scores = grad_scores.to(q.dtype)
     dk += dot(grad_scores, q, DOT_PRECISION)
     if ONE_PASS:
@@ -242,22 +259,6 @@ def _bwd_dk_tile(
         if ONE_PASS:
             _add_rows(dqt_sum_base, rows64, row_ok, dims_t, d_t, dot(tl.trans(grad_scores_t), kt, DOT_PRECISION))
     return dk, dkt
-
-
-@triton.jit
-def _add_rows(base, rows64, row_ok, dims, dim_limit, values):
-    """Atomically add a [rows, dims] float32 tile into rows of a contiguous [N, dim_limit] float32 sum."""
-    tl.atomic_add(
-        base + rows64[:, None] * dim_limit + dims[None, :], values,
-        mask=row_ok[:, None] & (dims[None, :] < dim_limit), sem="relaxed",
-    )
-
-
-@triton.jit
-def _add_row_sums(base, rows64, row_ok, gap, total):
-    """Atomically add two per-row float32 sums into rows of a contiguous [N, 2] float32 buffer."""
-    tl.atomic_add(base + rows64 * 2, gap, mask=row_ok, sem="relaxed")
-    tl.atomic_add(base + rows64 * 2 + 1, total, mask=row_ok, sem="relaxed")
 
 
 @triton.jit
