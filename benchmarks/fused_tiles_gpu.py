@@ -3,7 +3,7 @@
 For each candidate (BLOCK_M queries streamed, BLOCK_N keys held, warps, stages), times a mean
 KL's forward+backward with both log-sum-exps given (``do_bench`` medians) in one process beside
 SDPA's default backend (cuDNN on Hopper; forward+backward of attention on the same q, k and a v)
-and beside the forward-then-backward kernels (``kernel_options(fused_gradients=False)``):
+and beside the forward-then-backward kernels (``kernel_options(fused_gradients="off")``):
 single problems at 4096 and 8192 tokens (``tuning.FUSED_TILES``, autotuning off) and 12 blocks
 grouped at ViT lengths (``tuning.GROUPED_TILES[...]["fused"]``). The tiles the package uses come
 from this sweep.
@@ -54,12 +54,12 @@ def sweep_single(shape) -> list[dict]:
     def kl():
         attention_kl(*problem, backend="triton", **lse).backward()
 
-    with kernel_options(fused_gradients=False):
+    with kernel_options(fused_gradients="off"):
         unfused = _ms(kl, [q, k])
     rows = []
     for config in CONFIGS:
         tuning.FUSED_TILES = config
-        with kernel_options(autotune=False):
+        with kernel_options(autotune=False, fused_gradients="on"):
             ms = _ms(kl, [q, k])
         rows.append({"shape": "x".join(map(str, shape)), "tiles": config, "fused_ms": ms, "sdpa_ms": sdpa,
                      "unfused_ms": unfused, "fused_vs_sdpa": ms / sdpa, "unfused_vs_sdpa": unfused / sdpa})
@@ -82,13 +82,14 @@ def sweep_grouped(shape) -> list[dict]:
         attention_kl_grouped(problems, backend="triton", **lse).sum().backward()
 
     sdpa = _ms(attention, leaves + values)
-    with kernel_options(fused_gradients=False):
+    with kernel_options(fused_gradients="off"):
         unfused = _ms(kl, leaves)
     bucket = 256 if tuning.length_bucket(shape[2]) <= 256 else tuning.SHORT_SEQUENCE_BUCKET
     rows = []
     for config in CONFIGS:
         tuning.GROUPED_TILES[bucket]["fused"] = config
-        ms = _ms(kl, leaves)
+        with kernel_options(fused_gradients="on"):
+            ms = _ms(kl, leaves)
         rows.append({"shape": f"{BLOCKS}x" + "x".join(map(str, shape)), "tiles": config, "fused_ms": ms,
                      "sdpa_ms": sdpa, "unfused_ms": unfused, "fused_vs_sdpa": ms / sdpa,
                      "unfused_vs_sdpa": unfused / sdpa})

@@ -231,7 +231,7 @@ def time_grouped(blocks: int, shape, device, warmup_ms: int, rep_ms: int) -> lis
     def known(backward: str, fused: bool = False):
         def forward():
             # Forward then backward kernels, or (fused, the default) the gradients in the forward pass.
-            with kernel_options(fused_gradients=fused):
+            with kernel_options(fused_gradients="on" if fused else "off"):
                 return attention_kl_grouped(problems, backend="triton", **lse)
 
         def forward_backward():

@@ -12,7 +12,7 @@ Variants: ``none`` (a); ``eager`` (the plugin's default teacher); ``compiled`` (
 ``torch.compile``, its log-sum-exps recorded in the graph); ``graphs`` (the same in
 ``mode="reduce-overhead"``: CUDA graphs); ``*-online`` (the student's log-sum-exp withheld, so
 the forward computes both online); ``compiled-unfused`` (the forward, then the backward kernels:
-``kernel_options(fused_gradients=False)``); ``fp8`` (the compiled teacher's linear layers in
+``kernel_options(fused_gradients="off")``); ``fp8`` (the compiled teacher's linear layers in
 float8, torchao; ``_harness.low_precision``); ``t-eager`` / ``t-compiled`` / ``t-fp8`` (the
 teacher's forward and the captures without the penalty).
 
@@ -59,7 +59,7 @@ VARIANTS = {
     "t-fp8": ("teacher", True, True),
 }
 # Kernel options a variant's steps run under, and the variants with a float8 teacher.
-VARIANT_OPTIONS = {"compiled-unfused": {"fused_gradients": False}}
+VARIANT_OPTIONS = {"compiled-unfused": {"fused_gradients": "off"}}
 FLOAT8_VARIANTS = ("fp8", "t-fp8")
 DEFAULT_VARIANTS = ("none", "eager", "compiled", "compiled-online", "graphs", "t-eager", "t-compiled")
 DEFAULT_IMAGE_SIZES, DEFAULT_BATCHES = (224, 512, 1024), (64, 16, 4)

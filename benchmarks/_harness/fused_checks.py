@@ -13,6 +13,7 @@ import torch
 from _harness.kl_workloads import log_sum_exps
 from _harness.measure import relative_error
 from cl_streamkl import attention_kl, attention_kl_grouped, attention_kl_reference
+from cl_streamkl.kernels.config import kernel_options
 
 FUSED_NODES = ("_FusedFunctionBackward", "_GroupedFusedFunctionBackward")
 
@@ -35,7 +36,8 @@ def check_fused(batch: int, heads: int, n: int, dim: int, dtype: torch.dtype, ca
     q, k, q_t, k_t = problem
     factor = float(torch.empty(()).uniform_(0.5, 3.0))
     lse = {"lse": log_sum_exps(q, k, causal), "lse_teacher": log_sum_exps(q_t, k_t, causal)}
-    value = attention_kl(q, k, q_t, k_t, causal=causal, backend="triton", **lse) * factor
+    with kernel_options(fused_gradients="on"):  # at every length, not only where "auto" fuses
+        value = attention_kl(q, k, q_t, k_t, causal=causal, backend="triton", **lse) * factor
     fused = type(value.grad_fn.next_functions[0][0]).__name__ in FUSED_NODES
     grads = torch.autograd.grad(value, (q, k))
     ref_value, *ref_grads = _reference(problem, causal, factor)
@@ -50,7 +52,8 @@ def check_fused_grouped(blocks: int, batch: int, heads: int, n: int, dim: int) -
     lse = [log_sum_exps(q, k) for q, k, _, _ in problems]
     lse_teacher = [log_sum_exps(q_t, k_t) for _, _, q_t, k_t in problems]
     factors = torch.empty(blocks, device="cuda").uniform_(0.5, 3.0)
-    values = attention_kl_grouped(problems, backend="triton", lse=lse, lse_teacher=lse_teacher)
+    with kernel_options(fused_gradients="on"):
+        values = attention_kl_grouped(problems, backend="triton", lse=lse, lse_teacher=lse_teacher)
     fused = type(values.grad_fn).__name__ in FUSED_NODES
     inputs = [tensor for problem in problems for tensor in problem[:2]]
     grads = torch.autograd.grad((values * factors).sum(), inputs)

@@ -57,8 +57,9 @@ def _check_fused(checked: Problem, problem: Problem, inputs: dict, reference_row
     factor = float(torch.empty(()).uniform_(0.5, 3.0))
     reference = reference_rows.mean() * factor
     reference_dq, reference_dk = torch.autograd.grad(reference, (q, k), retain_graph=True)
-    value = attention_kl(q, k, q_teacher, k_teacher, causal=problem.causal, backend="triton",
-                         **given_lse(inputs, problem.causal)) * factor
+    with kernel_options(fused_gradients="on"):
+        value = attention_kl(q, k, q_teacher, k_teacher, causal=problem.causal, backend="triton",
+                             **given_lse(inputs, problem.causal)) * factor
     dq, dk = torch.autograd.grad(value, (q, k))
     return CheckResult(FUSED, problem.label, problem.dtype_name, problem.causal, checked.label,
                        kl=relative_error(value, reference), dq=relative_error(dq, reference_dq),

@@ -6,8 +6,9 @@ split backward, ``kernel_options(backward="split")``), ``triton_onepass`` (the t
 the one-pass backward, ``kernel_options(backward="onepass")``),
 ``triton_lse`` and ``triton_lse_onepass`` (the same handed both log-sum-exps, as the models'
 attention computes them: :func:`log_sum_exps`, outside the timed call; forward, then backward
-kernels: ``kernel_options(fused_gradients=False)``), ``triton_fused`` (handed both log-sum-exps,
-the default: the gradients computed in the forward pass, the backward scaling them), ``eager`` (both
+kernels: ``kernel_options(fused_gradients="off")``), ``triton_fused`` (handed both log-sum-exps,
+the gradients computed in the forward pass, the backward scaling them: ``fused_gradients="on"``,
+at every length), ``eager`` (both
 maps materialised, ``cl_streamkl.kernels.eager_attention_kl``), ``compiled`` (its
 ``torch.compile``), ``sdpa`` (SDPA's default backend, named per row) and ``sdpa_fa2`` (SDPA
 pinned to FlashAttention-2).
@@ -166,6 +167,11 @@ def _backward_scalar(output: torch.Tensor, retain_graph: bool) -> None:
     output.backward(retain_graph=retain_graph)
 
 
+def _fused_kl(q, k, q_teacher, k_teacher, causal: bool, lse: dict) -> torch.Tensor:
+    with kernel_options(fused_gradients="on"):
+        return attention_kl(q, k, q_teacher, k_teacher, causal=causal, backend="triton", **lse)
+
+
 def make_workload(impl: str, problem: Problem, inputs: dict[str, torch.Tensor]) -> Workload:
     """Bind one implementation to the problem's inputs.
 
@@ -185,7 +191,7 @@ def make_workload(impl: str, problem: Problem, inputs: dict[str, torch.Tensor]) 
         lse = given_lse(inputs, causal)
         return Workload(
             leaves=[q, k],
-            forward=lambda: attention_kl(q, k, q_teacher, k_teacher, causal=causal, backend="triton", **lse),
+            forward=lambda: _fused_kl(q, k, q_teacher, k_teacher, causal, lse),
             backward=_backward_scalar,
         )
     if impl in ("triton", ONE_PASS, *KNOWN_LSE):
@@ -193,7 +199,7 @@ def make_workload(impl: str, problem: Problem, inputs: dict[str, torch.Tensor]) 
         backward_kind = "onepass" if impl.endswith("onepass") else "split"
 
         def forward() -> torch.Tensor:
-            with kernel_options(fused_gradients=False):
+            with kernel_options(fused_gradients="off"):
                 return attention_kl(q, k, q_teacher, k_teacher, causal=causal, backend="triton", **lse)
 
         def backward(output: torch.Tensor, retain_graph: bool) -> None:

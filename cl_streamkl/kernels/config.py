@@ -18,10 +18,12 @@ Eight options change how the Triton kernels run, never what they compute beyond 
   causal, at head dim 128 and at ViT lengths; docs/tuning-log.md).
 * ``deterministic`` (default off): on, the split kernels run whatever ``backward`` says, so
   gradients are bit-for-bit reproducible, and ``fused_gradients`` is off.
-* ``fused_gradients`` (default on): where both log-sum-exps are given, the reduction is a
-  scalar, q or k needs a gradient and the teacher needs none, the forward computes the KL and
-  its gradients in one pass (:mod:`cl_streamkl.kernels.triton.fused`) and the backward only
-  scales them; off, the forward and then the backward kernels run.
+* ``fused_gradients`` (default ``"auto"``): where both log-sum-exps are given, the reduction is
+  a scalar, q or k needs a gradient and the teacher needs none, ``"on"`` computes the KL and its
+  gradients in one forward pass (:mod:`cl_streamkl.kernels.triton.fused`) and the backward only
+  scales them; ``"off"`` runs the forward and then the backward kernels. ``"auto"`` fuses where
+  it measured faster on an H100: from :data:`FUSED_MIN_LENGTH` queries and keys, head dims up
+  to :data:`FUSED_MAX_HEAD_DIM` (docs/tuning-log.md, "The fused forward").
 * ``fast_launch`` (default on): replay compiled kernels without Triton's per-launch binder
   (:mod:`cl_streamkl.kernels.triton.launch_cache`); off, every launch goes through
   ``kernel[grid](...)``.
@@ -39,11 +41,11 @@ Read them with :func:`get_kernel_options`, change them for the process with
 
 The environment gives the defaults, read once, when the options are first asked for (so that
 importing the package never fails on them): ``CL_STREAMKL_AUTOTUNE``,
-``CL_STREAMKL_FAST_LAUNCH``, ``CL_STREAMKL_GRAD_AFTER_DOT``, ``CL_STREAMKL_DETERMINISTIC`` and
-``CL_STREAMKL_FUSED_GRADIENTS``
+``CL_STREAMKL_FAST_LAUNCH``, ``CL_STREAMKL_GRAD_AFTER_DOT`` and ``CL_STREAMKL_DETERMINISTIC``
 take ``1``/``0``, ``true``/``false``, ``yes``/``no`` or ``on``/``off`` (any case; empty is
 unset); ``CL_STREAMKL_FORWARD_EXP2`` and ``CL_STREAMKL_BACKWARD_EXP2`` a key of
-:data:`EXP2_VARIANTS`; ``CL_STREAMKL_BACKWARD`` one of :data:`BACKWARDS`. Any other value is
+:data:`EXP2_VARIANTS`; ``CL_STREAMKL_BACKWARD`` one of :data:`BACKWARDS`; ``CL_STREAMKL_FUSED_GRADIENTS``
+one of :data:`FUSED_GRADIENTS`. Any other value is
 refused with a ValueError naming the variable. Nothing else in the package reads them.
 """
 
@@ -73,7 +75,10 @@ BACKWARDS = ("auto", "split", "onepass")
 # "auto" runs the one-pass backward from this many queries and keys up (see the module docstring).
 ONE_PASS_MIN_LENGTH = 4096
 ONE_PASS_MAX_HEAD_DIM = 64
-# The fused forward runs for head dims up to this (wider ones keep the forward and backward kernels).
+FUSED_GRADIENTS = ("auto", "on", "off")
+# "auto" fuses from this many queries and keys up, for head dims up to FUSED_MAX_HEAD_DIM ("on": any
+# length; wider heads always keep the forward and backward kernels).
+FUSED_MIN_LENGTH = 4096
 FUSED_MAX_HEAD_DIM = 128
 
 
@@ -88,10 +93,10 @@ class KernelOptions:
     grad_after_dot: bool = True
     backward: str = "auto"
     deterministic: bool = False
-    fused_gradients: bool = True
+    fused_gradients: str = "auto"
 
     def __post_init__(self) -> None:
-        for name in ("autotune", "fast_launch", "grad_after_dot", "deterministic", "fused_gradients"):
+        for name in ("autotune", "fast_launch", "grad_after_dot", "deterministic"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
         for name in ("forward_exp2", "backward_exp2"):
@@ -99,6 +104,8 @@ class KernelOptions:
                 raise ValueError(f"{name} must be one of {sorted(EXP2_VARIANTS)}, got {getattr(self, name)!r}")
         if self.backward not in BACKWARDS:
             raise ValueError(f"backward must be one of {list(BACKWARDS)}, got {self.backward!r}")
+        if self.fused_gradients not in FUSED_GRADIENTS:
+            raise ValueError(f"fused_gradients must be one of {list(FUSED_GRADIENTS)}, got {self.fused_gradients!r}")
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str] | None = None) -> KernelOptions:
@@ -116,7 +123,7 @@ class KernelOptions:
             grad_after_dot=_switch(environ, "CL_STREAMKL_GRAD_AFTER_DOT", True),
             backward=_choice(environ, "CL_STREAMKL_BACKWARD", "auto", BACKWARDS),
             deterministic=_switch(environ, "CL_STREAMKL_DETERMINISTIC", False),
-            fused_gradients=_switch(environ, "CL_STREAMKL_FUSED_GRADIENTS", True),
+            fused_gradients=_choice(environ, "CL_STREAMKL_FUSED_GRADIENTS", "auto", FUSED_GRADIENTS),
         )
 
 
@@ -168,6 +175,7 @@ def set_kernel_options(**fields: bool | str) -> KernelOptions:
     Raises:
         TypeError: an unknown field, or a switch that is not a bool.
         ValueError: an exponential variant not in :data:`EXP2_VARIANTS`, a backward not in :data:`BACKWARDS`,
+            a fused_gradients not in :data:`FUSED_GRADIENTS`,
             or (on first use) a ``CL_STREAMKL_*`` variable that holds a value it does not take.
     """
     global _current

@@ -4,9 +4,12 @@ Float64 checks of the value and the student's gradients under an upstream gradie
 1, every reduction and dtype, odd shapes, causal; the loss used twice; ``retain_graph``; the
 grouped form; torch.compile through the custom ops; and where it does not run (``reduction=
 "none"``, a teacher needing gradients, no gradient asked, ``deterministic``, the switch off).
+The switch is "on" here: "auto" fuses from 4096 tokens, far longer than the interpreter's problems.
 """
 
 from __future__ import annotations
+
+import importlib
 
 import pytest
 import torch
@@ -14,15 +17,29 @@ from test_attention_kl import DTYPE_IDS, DTYPES, SHAPES, error_bound, low_precis
 from test_known_lse import given_lse
 
 from cl_streamkl import attention_kl, attention_kl_grouped, attention_kl_reference
-from cl_streamkl.kernels.config import kernel_options
+from cl_streamkl.kernels.config import kernel_options, set_kernel_options
 
 REDUCTIONS = {"sum": lambda rows: rows.sum(), "mean": lambda rows: rows.mean(),
               "batchmean": lambda rows: rows.sum() / rows.size(0)}
 FUSED_NODES = ("_FusedFunctionBackward", "_GroupedFusedFunctionBackward")
 
 
+@pytest.fixture(autouse=True)
+def _fused_at_any_length():
+    set_kernel_options(fused_gradients="on")  # conftest puts the options back after each test
+
+
 def _node(value: torch.Tensor) -> str:
     return type(value.grad_fn).__name__
+
+
+def test_auto_fuses_from_its_minimum_length(monkeypatch, device):
+    inputs, lse = _float32_problem(device)
+    set_kernel_options(fused_gradients="auto")
+    assert _node(attention_kl(*inputs, backend="triton", **lse)) not in FUSED_NODES
+    # The package exports the function under the module's name: patch the module itself.
+    monkeypatch.setattr(importlib.import_module("cl_streamkl.attention_kl"), "FUSED_MIN_LENGTH", inputs[0].size(2))
+    assert _node(attention_kl(*inputs, backend="triton", **lse)) in FUSED_NODES
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
@@ -61,7 +78,7 @@ def test_equals_the_forward_then_backward_kernels(device):
     inputs, lse = _float32_problem(device)
     fused = attention_kl(*inputs, backend="triton", **lse)
     fused_grads = torch.autograd.grad(fused * -2.0, inputs[:2])
-    with kernel_options(fused_gradients=False):
+    with kernel_options(fused_gradients="off"):
         landed = attention_kl(*inputs, backend="triton", **lse)
     assert _node(landed) not in FUSED_NODES
     landed_grads = torch.autograd.grad(landed * -2.0, inputs[:2])
@@ -121,7 +138,7 @@ def test_other_calls_keep_the_forward_and_backward_kernels(case, device):
     inputs, lse = _float32_problem(device, seed=4)
     if case == "teacher grad":
         inputs = (*inputs[:2], inputs[2].detach().requires_grad_(), inputs[3])
-    options = {"deterministic": {"deterministic": True}, "switch off": {"fused_gradients": False}}.get(case, {})
+    options = {"deterministic": {"deterministic": True}, "switch off": {"fused_gradients": "off"}}.get(case, {})
     reduction = "none" if case == "reduction none" else "mean"
     with kernel_options(**options), torch.set_grad_enabled(case != "no grad"):
         value = attention_kl(*inputs, reduction=reduction, backend="triton", **lse)

@@ -151,11 +151,12 @@ def launch_options(kind: str, d_s: int, d_t: int, dtype: torch.dtype) -> dict:
 # not the autotuner's: its candidates are timed with their inputs warm in the L2 cache, which
 # 12 blocks' inputs are not (at 16x12x1025x64 its grouped forward ran slower than 12 separate
 # calls). Each is the fastest of a sweep of 12 blocks on the H200 at 197, 577 and 1025 tokens
-# (docs/tuning-log.md, "Grouped kernels: tiles per length bucket").
+# (docs/tuning-log.md, "Grouped kernels: tiles per length bucket"); the fused forward's ("fused",
+# which runs at these lengths only with fused_gradients="on") of benchmarks/fused_tiles_gpu.py on an H100.
 GROUPED_TILES: dict[int, dict[str, tuple[int, int, int, int]]] = {
-    256: {"fwd": (64, 32, 4, 2), "dq": (64, 32, 4, 3), "dk": (64, 64, 4, 2), "fused": (64, 64, 4, 2)},
+    256: {"fwd": (64, 32, 4, 2), "dq": (64, 32, 4, 3), "dk": (64, 64, 4, 2), "fused": (128, 128, 8, 2)},
     SHORT_SEQUENCE_BUCKET: {"fwd": (64, 32, 4, 2), "dq": (64, 32, 4, 3), "dk": (128, 64, 4, 2),
-                            "fused": (64, 64, 4, 2)},
+                            "fused": (64, 64, 4, 3)},
 }
 
 
