@@ -79,7 +79,7 @@ FUSED_GRADIENTS = ("auto", "on", "off")
 # "auto" fuses from this many queries and keys up, for head dims up to FUSED_MAX_HEAD_DIM ("on": any
 # length; wider heads always keep the forward and backward kernels).
 FUSED_MIN_LENGTH = 4096
-FUSED_MAX_HEAD_DIM = 128
+FUSED_MAX_HEAD_DIM = 64
 
 
 @dataclasses.dataclass(frozen=True)
