@@ -8,16 +8,20 @@ measured against the float64 penalty of the unquantised teacher.
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 
 def float8_teacher(teacher: nn.Module) -> nn.Module:
     """Quantise ``teacher``'s linear layers to float8 in place (torchao); returns it.
 
+    The teacher is cast to bfloat16 first (torchao's per-row float8 takes bfloat16 weights).
+
     Raises:
         ImportError: torchao is not installed (``pip install torchao``).
     """
     from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
 
+    teacher.to(torch.bfloat16)
     quantize_(teacher, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()))
     return teacher
