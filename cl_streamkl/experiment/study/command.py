@@ -40,7 +40,7 @@ from cl_streamkl.experiment.study.plan import (
 )
 from cl_streamkl.experiment.study.rates import finished_records
 from cl_streamkl.experiment.study.start_checks import (
-    check_data, check_device, check_out, check_report_file, default_out, hold_folder,
+    check_archive_file, check_data, check_device, check_out, check_report_file, default_out, hold_folder,
 )
 from cl_streamkl.experiment.study.tables import tables_of
 
@@ -234,11 +234,17 @@ def _prepare(args: argparse.Namespace, plan: dict[str, Any], stack: contextlib.E
     unpacked = {} if archive is None else archive_records(archive, held, plan, args.from_archive)
     check_out(args.out, plan)
     check_report_file(args.json, plan)
+    check_archive_file(args.archive)
     if args.part == "test":
         records = {**unpacked, **restored, **(finished_records(args.out) if args.out.is_dir() else {})}
         units = _units(plan, args, "test", records)
         if isinstance(units, str):
             raise StudyFileError(units)
+    if args.part != "plan":
+        try:
+            check_data(plan, [name for name in plan["scenarios"] if name in (args.scenarios or plan["scenarios"])])
+        except PlanError as err:
+            raise PlanError(f"{args.plan}: {err}") from None
     hold_folder(stack, args.out)
     check_out(args.out, plan)  # as it is now that no other start writes it
     if archive is not None:
@@ -282,11 +288,6 @@ def _main(args: argparse.Namespace) -> int:
     registration = check_registration(args.plan, fingerprint(plan)) if args.part == "confirm" else None
     args.out = args.out or default_out(plan)
     check_device(args.device, args.gpus)
-    if args.part != "plan":
-        try:
-            check_data(plan, [name for name in plan["scenarios"] if name in (args.scenarios or plan["scenarios"])])
-        except PlanError as err:
-            raise PlanError(f"{args.plan}: {err}") from None
     with contextlib.ExitStack() as stack:
         _prepare(args, plan, stack)
         return _run(args, plan, registration)

@@ -2,7 +2,7 @@
 
 ``--out`` must be a new or empty folder, or a study's (it holds a ``plan.json`` of this plan):
 a folder of a user's notes and data is never written into. ``--json`` overwrites only a study
-report of this plan. The default folder, ``runs/study-<regime>``, stays below the working
+report of this plan, ``--archive`` only a .tar.gz. The default folder, ``runs/study-<regime>``, stays below the working
 directory. ``--device cuda`` needs a GPU, and the plan's data must load and its model build,
 before the plan is written. While a start writes, it holds ``--out``'s lock (the lock of
 ``cl-streamkl run``): a second start on the same folder is refused at once.
@@ -59,6 +59,20 @@ def check_report_file(path: Path | None, plan: dict[str, Any]) -> None:
     if not set(REPORT_KEYS) <= set(report):
         raise StudyFileError(f"--json {path} is not a study report (cl-streamkl study's report.json): it is not "
                              "overwritten; write another --json")
+
+
+def check_archive_file(path: Path | None) -> None:
+    """Refuse an ``--archive`` file that exists and is no gzip file (it would be overwritten)."""
+    if path is None or not path.is_file():
+        return
+    try:
+        with open(path, "rb") as handle:
+            magic = handle.read(2)
+    except OSError as err:
+        raise StudyFileError(f"--archive {path}: {err.strerror or err}") from None
+    if magic != b"\x1f\x8b":
+        raise StudyFileError(f"--archive {path} exists and is no .tar.gz (a study's --archive): it is not "
+                             "overwritten; write another --archive")
 
 
 def check_device(device: str, gpus: int) -> None:

@@ -44,7 +44,8 @@ CASES = {
                                                       "baseline": "naive"}]), "comparisons[0].arm must be a string"),
     # Values of the wrong type.
     "scenario a list": (_with("scenarios.class", ["options"]), "scenarios.class must be a mapping"),
-    "tuning a list": (_with("scenarios.class.tuning", [{"strategy": "lwf"}]), "scenarios.class.tuning must be a mapping"),
+    "tuning a list": (_with("scenarios.class.tuning", [{"strategy": "lwf"}]),
+                      "scenarios.class.tuning must be a mapping"),
     "options a list": (_with("scenarios.class.options", ["experiences"]), "scenarios.class.options must be a mapping"),
     "grid entry a string": (_with("scenarios.class.tuning.lwf.grid", ["lwf_alpha=1", "lwf_alpha=4"]),
                             "scenarios.class.tuning.lwf.grid must be a list of mappings"),

@@ -99,3 +99,21 @@ def test_a_model_that_cannot_be_built_is_refused_before_the_plan_is_written(tmp_
     line = _refused(capsys, tmp_path, [str(plan), "--part", "tune", "--workers", "0", "--out", str(tmp_path / "out")],
                     "depth: 'abc' is not an int")
     assert str(plan) in line and not (tmp_path / "out").exists()
+
+
+def test_an_archive_path_holding_a_users_file_is_not_overwritten(tmp_path, capsys):
+    plan = write_plan(tmp_path / "plan.yaml", tiny_plan())
+    theirs = tmp_path / "notes.tar.gz"
+    theirs.write_text("not an archive\n")
+    _refused(capsys, tmp_path, [str(plan), "--part", "plan", "--out", str(tmp_path / "out"), "--archive", str(theirs)],
+             f"--archive {theirs} exists and is no .tar.gz")
+
+
+def test_a_damaged_record_in_the_folder_is_named(tmp_path, capsys):
+    plan = write_plan(tmp_path / "plan.yaml", tiny_plan())
+    out = tmp_path / "out"
+    assert main([str(plan), "--part", "plan", "--out", str(out)]) == 0
+    (out / "units").mkdir()
+    (out / "units" / "x.json").write_text('{"unit": ')
+    _refused(capsys, tmp_path, [str(plan), "--part", "test", "--workers", "0", "--out", str(out)],
+             f"--out's record {out / 'units' / 'x.json'} is not JSON")
