@@ -24,10 +24,11 @@ def _mapping(value: Any, key: str, what: str) -> dict[str, Any]:
 
 def _entries(value: Any, key: str, what: str) -> list[dict[str, Any]]:
     """A list of mappings (``comparisons``, ``hypotheses``, a grid)."""
-    if not isinstance(value, list) or not all(isinstance(entry, dict) for entry in value):
-        raise PlanError(f"{key} must be a list of mappings ({what}), not "
-                             + (type(value).__name__ if not isinstance(value, list) else "a list holding "
-                                + next(type(e).__name__ for e in value if not isinstance(e, dict))))
+    if not isinstance(value, list):
+        raise PlanError(f"{key} must be a list of mappings ({what}), not {type(value).__name__}")
+    stray = next((entry for entry in value if not isinstance(entry, dict)), None)
+    if stray is not None:
+        raise PlanError(f"{key} must be a list of mappings ({what}); it holds {stray!r}")
     return value
 
 
