@@ -2,8 +2,9 @@
 
 A unit record written into ``units/`` is read again by every later start: a truncated one, a
 string, or one whose unit is no mapping would end each of them in a traceback or, worse, in a
-report built on garbage. So every carried record is parsed and checked before any is written,
-and an archive is taken only when it holds this plan's ``plan.json``.
+report built on garbage. So every carried record (and every count of a stopped unit's trained
+experiences) is parsed and checked before any is written, and an archive is taken only when it
+holds this plan's ``plan.json``.
 """
 
 from __future__ import annotations
@@ -78,15 +79,26 @@ def archive_records(archive: tarfile.TarFile, held: Any, plan: dict[str, Any], p
     records = {}
     for member in archive.getmembers():
         parts = PurePosixPath(member.name).parts
+        where = f"--from-archive {path}: {member.name}"
+        if parts[0] == "runs" and member.name.endswith(".trained") and member.isfile():
+            if not _read(archive, member, where).strip().isdigit():  # read by every later start
+                raise StudyFileError(f"{where} does not count trained experiences; nothing was unpacked")
+            continue
         if parts[0] != "units" or member.isdir():
             continue
-        where = f"--from-archive {path}: {member.name}"
         if len(parts) != 2 or not parts[1].endswith(".json"):
             raise StudyFileError(f"{where} is not a unit record (units/<unit>.json); nothing was unpacked")
         name = safe_name(parts[1].removesuffix(".json"), f"--from-archive {path}")
         try:
-            data = json.loads(archive.extractfile(member).read())
-        except (ValueError, UnicodeDecodeError, tarfile.TarError, EOFError, OSError) as err:
+            data = json.loads(_read(archive, member, where))
+        except ValueError as err:
             raise StudyFileError(f"{where} is not JSON ({err}); nothing was unpacked") from None
         records[name] = check_record(data, where)
     return records
+
+
+def _read(archive: tarfile.TarFile, member: tarfile.TarInfo, where: str) -> str:
+    try:
+        return archive.extractfile(member).read().decode()
+    except (UnicodeDecodeError, tarfile.TarError, EOFError, OSError) as err:
+        raise StudyFileError(f"{where} cannot be read ({err}); nothing was unpacked") from None

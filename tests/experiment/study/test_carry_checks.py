@@ -81,6 +81,13 @@ def test_a_carried_record_is_checked_before_any_is_written(tmp_path, capsys, cas
         assert files_under(tmp_path) == before and not out.exists()
 
 
+def test_a_count_of_trained_experiences_that_is_no_number_is_refused(tmp_path, capsys):
+    archive = _tar(tmp_path / "a.tar.gz", {"plan.json": _plan_json(), f"runs/{UNIT.name}.trained": b"two\n"})
+    rc, out, before = _start(tmp_path, capsys, "--from-archive", str(archive))
+    assert rc == 2 and f"runs/{UNIT.name}.trained does not count trained experiences" in one_line_error(capsys)
+    assert files_under(tmp_path) == before and not out.exists()
+
+
 def test_an_archive_without_a_plan_is_refused(tmp_path, capsys):
     archive = _tar(tmp_path / "a.tar.gz", {RECORD: json.dumps(_record()).encode()})
     rc, out, before = _start(tmp_path, capsys, "--from-archive", str(archive))
