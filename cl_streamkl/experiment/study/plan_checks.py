@@ -97,7 +97,9 @@ def check_settings_source(plan: dict[str, Any], report: Any, source: str) -> Non
             report.get("scenarios"), dict):
         raise PlanError(f"{where} is not a study report")
     for name, part in report["scenarios"].items():
-        chosen = part.get("chosen") if isinstance(part, dict) else None
+        if not isinstance(part, dict):
+            raise PlanError(f"{where}: its scenarios.{name} is not a mapping")
+        chosen = part.get("chosen")
         if chosen is not None and not (isinstance(chosen, dict) and all(isinstance(s, dict) for s in chosen.values())):
             raise PlanError(f"{where}: its scenarios.{name}.chosen is not a mapping of families to settings")
     if "plan" not in report:  # a report reduced to its choices: no seeds to compare

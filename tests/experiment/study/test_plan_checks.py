@@ -110,6 +110,7 @@ def test_a_settings_from_report_of_the_wrong_shape_is_one_line(tmp_path, capsys)
     report = json.loads(path.read_text())
     for damaged, message in (({**report, "scenarios": ["class"]}, "exploratory.json is not a study report"),
                              ({**report, "scenarios": {"class": {"chosen": ["lwf"]}}}, "chosen is not a mapping"),
+                             ({**report, "scenarios": {"class": ["lwf"]}}, "its scenarios.class is not a mapping"),
                              ({**report, "plan": {"val_seeds": "7, 8"}}, "plan.val_seeds (the seeds its")):
         path.write_text(json.dumps(damaged))
         assert main([str(_confirmatory(tmp_path, [9, 10])), "--part", "plan", "--out", str(tmp_path / "out")]) == 2
