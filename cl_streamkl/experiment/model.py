@@ -100,6 +100,52 @@ def _unreadable_weights(path: Path) -> str | None:
     return None
 
 
+# What build_model passes every model besides --model-kwargs.
+BUILT_WITH = ("img_size", "patch_size", "in_chans", "num_classes")
+# The constructor defaults whose type a --model-kwargs value is checked against, and their names.
+_KINDS = {bool: "true or false", int: "an int", float: "a number", str: "a string"}
+
+
+def _fits(value: Any, kind: type) -> bool:
+    if kind is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+
+
+def _wrong_value(name: str, model_kwargs: dict[str, Any]) -> str | None:
+    """Why a timm model refused ``model_kwargs``, when a value is of another type than its argument's
+    default (``depth: 'abc' is not an int``); None when no value is to blame or the class is unknown.
+
+    The model's class is the ``nn.Module`` of its timm module whose constructor takes the most
+    of the given keys and :data:`BUILT_WITH` (``VisionTransformer`` for ``vit_*``).
+    """
+    import inspect
+    import sys
+
+    try:
+        module = sys.modules[timm.models.model_entrypoint(name).__module__]
+    except (AttributeError, KeyError, RuntimeError):
+        return None
+    signatures = {}
+    for candidate in vars(module).values():
+        if isinstance(candidate, type) and issubclass(candidate, nn.Module):
+            try:
+                signatures[candidate] = inspect.signature(candidate).parameters
+            except (TypeError, ValueError):
+                continue
+    if not signatures:
+        return None
+    keys = {*model_kwargs, *BUILT_WITH}
+    model_class = max(signatures, key=lambda c: sum(key in signatures[c] for key in keys))
+    for key, value in model_kwargs.items():
+        parameter = signatures[model_class].get(key)
+        kind = None if parameter is None else type(parameter.default)
+        if kind in _KINDS and not _fits(value, kind):
+            return (f"--model-kwargs {key}: {value!r} is not {_KINDS[kind]} ({model_class.__name__} takes "
+                    f"{key}={parameter.default!r})")
+    return None
+
+
 def _mismatch(name: str, path: Path, model_kwargs: dict[str, Any], patch_size: int, error: RuntimeError) -> str:
     """One line for weights that do not fit: the architecture the file holds and the options that build it."""
     held = file_architecture(path)
@@ -178,13 +224,16 @@ def build_model(
         if "embed_layer" in str(err):
             raise ValueError(f"--stem conv needs a timm VisionTransformer (vit_*, deit_*); {name!r} takes no "
                              "embed_layer") from err
-        raise ValueError(
-            f"timm model {name!r} does not accept {sorted(kwargs)}: is it a ViT-family model? ({err})"
-        ) from err
+        raise ValueError(_wrong_value(name, model_kwargs or {}) or
+                         f"timm model {name!r} does not accept {sorted(kwargs)}: is it a ViT-family model? ({err})"
+                         ) from err
     except Exception as err:  # noqa: BLE001 - said in one line below, or raised again
         unreadable = None if path is None else _unreadable_weights(path)
         if unreadable is not None:
             raise ValueError(f"pretrained file {str(path)!r} cannot be read as weights ({unreadable})") from None
+        wrong = _wrong_value(name, model_kwargs or {})
+        if wrong is not None:
+            raise ValueError(wrong) from None
         if isinstance(err, RuntimeError) and path is not None:  # timm lists every mismatched tensor
             raise ValueError(_mismatch(name, path, model_kwargs or {}, patch_size, err)) from None
         if isinstance(err, (RuntimeError, MemoryError, OverflowError)):  # sizes too large to allocate

@@ -60,6 +60,8 @@ def load_splits(
     if data_root is None:
         raise ValueError(f"dataset {name!r} needs --data-root (the folder holding its files)")
     root = Path(data_root).expanduser()
+    if not root.exists() and name == "imagefolder":
+        raise ValueError(f"data root {str(root)!r} does not exist: point --data-root at the folder of your images")
     if not root.exists() and not download:
         raise ValueError(f"data root {str(root)!r} does not exist (pass --download to fetch {name})")
     if name in ("cifar10", "cifar100"):

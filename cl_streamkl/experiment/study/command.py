@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import math
 import multiprocessing
@@ -32,12 +33,16 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from cl_streamkl.experiment.study import units as study_units
-from cl_streamkl.experiment.study.files import (
-    StudyFileError, open_archive, read_json, safe_name, unpack_archive, write_archive,
-)
+from cl_streamkl.experiment.study.carry_checks import archive_records, report_records
+from cl_streamkl.experiment.study.files import StudyFileError, open_archive, read_json, unpack_archive, write_archive
 from cl_streamkl.experiment.study.plan import (
     PlanError, Unit, choose, fingerprint, first_units, load_plan, test_units, tuning_units,
 )
+from cl_streamkl.experiment.study.rates import finished_records
+from cl_streamkl.experiment.study.start_checks import (
+    check_archive_file, check_data, check_device, check_out, check_report_file, default_out, hold_folder,
+)
+from cl_streamkl.experiment.study.tables import tables_of
 
 PROG = "cl-streamkl study"
 PARTS = ("plan", "tune", "test", "all", "confirm")
@@ -156,41 +161,6 @@ def _argument_error(args: argparse.Namespace, plan: dict[str, Any]) -> str | Non
     return None
 
 
-def check_folder(root: Path, report_path: Path | None, plan: dict[str, Any]) -> None:
-    """Refuse a folder or report that belongs to another plan (or is damaged)."""
-    stamp = fingerprint(plan)
-    if (root / "plan.json").is_file():
-        held = fingerprint(read_json(root / "plan.json", "--out's plan.json"))
-        if held != stamp:
-            raise StudyFileError(f"{root / 'plan.json'} holds another plan (fingerprint {held}, this start's {stamp}): "
-                                 "the grid and seeds are fixed once a study starts; use another --out")
-    if report_path is not None and report_path.is_file():
-        previous = read_json(report_path, "--json").get("plan_fingerprint")
-        if previous not in (None, stamp):
-            raise StudyFileError(f"{report_path} reports a study with plan {previous}, this start's is {stamp}: "
-                                 "write another --json")
-
-
-def restore_records(report: dict[str, Any], plan: dict[str, Any], root: Path) -> None:
-    """Write the finished units' records of ``report`` under ``root/units`` (records already there are kept).
-
-    Every record name is checked before anything is written: names come from a file a user
-    is handed and must stay inside ``root``.
-    """
-    if report.get("plan_fingerprint") != fingerprint(plan):
-        raise StudyFileError(f"--from-report holds plan {report.get('plan_fingerprint')}, this start's is "
-                             f"{fingerprint(plan)}")
-    records = report.get("records", {})
-    if not isinstance(records, dict):
-        raise StudyFileError("--from-report: its records are not a mapping of unit names")
-    names = [safe_name(name, "--from-report") for name in records]
-    units = root / "units"
-    units.mkdir(parents=True, exist_ok=True)
-    for name in names:
-        if not (units / f"{name}.json").is_file():
-            (units / f"{name}.json").write_text(json.dumps(records[name]) + "\n")
-
-
 def _environment(device: str, commit: str | None) -> dict[str, Any]:
     import platform
 
@@ -253,30 +223,38 @@ def _parts(args: argparse.Namespace, plan: dict[str, Any]) -> list[str]:
     return parts
 
 
-def _prepare(args: argparse.Namespace, plan: dict[str, Any]) -> None:
-    """Check every file this start reads, then unpack and restore: nothing is written before
-    every check has passed."""
-    archive = None
+def _prepare(args: argparse.Namespace, plan: dict[str, Any], stack: contextlib.ExitStack) -> None:
+    """Check every file this start reads and writes, take --out's lock, then unpack and restore:
+    nothing is written before every check has passed, and no record before every one is checked."""
+    archive = held = None
     if args.from_archive is not None:
         archive, held = open_archive(args.from_archive)
-        if held is not None and fingerprint(held) != fingerprint(plan):
-            raise StudyFileError(f"--from-archive {args.from_archive} holds plan {fingerprint(held)}, this start's is "
-                                 f"{fingerprint(plan)}; nothing was unpacked")
     report = None if args.from_report is None else read_json(args.from_report, "--from-report")
-    if report is not None and report.get("plan_fingerprint") != fingerprint(plan):
-        raise StudyFileError(f"--from-report holds plan {report.get('plan_fingerprint')}, this start's is "
-                             f"{fingerprint(plan)}")
-    check_folder(args.out, args.json, plan)
-    if report is not None:
-        if not isinstance(report.get("records", {}), dict):
-            raise StudyFileError("--from-report: its records are not a mapping of unit names")
-        for name in report.get("records", {}):
-            safe_name(name, "--from-report")
+    restored = {} if report is None else report_records(report, plan, args.from_report)
+    unpacked = {} if archive is None else archive_records(archive, held, plan, args.from_archive)
+    check_out(args.out, plan)
+    check_report_file(args.json, plan)
+    check_archive_file(args.archive)
+    if args.part == "test":
+        records = {**unpacked, **restored, **(finished_records(args.out) if args.out.is_dir() else {})}
+        units = _units(plan, args, "test", records)
+        if isinstance(units, str):
+            raise StudyFileError(units)
+    if args.part != "plan":
+        try:
+            check_data(plan, [name for name in plan["scenarios"] if name in (args.scenarios or plan["scenarios"])])
+        except PlanError as err:
+            raise PlanError(f"{args.plan}: {err}") from None
+    hold_folder(stack, args.out)
+    check_out(args.out, plan)  # as it is now that no other start writes it
     if archive is not None:
         unpack_archive(archive, args.out)
     if report is not None:
-        restore_records(report, plan, args.out)
-    args.out.mkdir(parents=True, exist_ok=True)
+        units_folder = args.out / "units"
+        units_folder.mkdir(parents=True, exist_ok=True)
+        for name, record in restored.items():
+            if not (units_folder / f"{name}.json").is_file():  # records already there are kept
+                (units_folder / f"{name}.json").write_text(json.dumps(record) + "\n")
     (args.out / "plan.json").write_text(json.dumps(plan, indent=1) + "\n")
 
 
@@ -293,14 +271,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(args: argparse.Namespace) -> int:
-    from cl_streamkl.experiment.study.tables import side_by_side
-
     if args.tables:
-        reports = [read_json(path, "--tables") for path in args.tables]
-        for path, report in zip(args.tables, reports):
-            if not {"plan", "plan_fingerprint", "settings", "units", "scenarios"} <= set(report):
-                raise StudyFileError(f"--tables {path} is not a study report (cl-streamkl study's report.json)")
-        print(side_by_side(reports))
+        print(tables_of(args.tables))
         return 0
     if args.plan is None:
         raise StudyFileError("a plan file is required (or --tables to print finished reports)")
@@ -314,15 +286,16 @@ def _main(args: argparse.Namespace) -> int:
         print(f"registered: {register(args.plan, plan, fingerprint(plan))} (commit it)")
         return 0
     registration = check_registration(args.plan, fingerprint(plan)) if args.part == "confirm" else None
-    args.out = args.out or Path("runs") / f"study-{plan['regime']}"
-    _prepare(args, plan)
-    return _run(args, plan, registration)
+    args.out = args.out or default_out(plan)
+    check_device(args.device, args.gpus)
+    with contextlib.ExitStack() as stack:
+        _prepare(args, plan, stack)
+        return _run(args, plan, registration)
 
 
 def _run(args: argparse.Namespace, plan: dict[str, Any], registration: dict[str, Any] | None) -> int:
     from cl_streamkl.experiment.study.outputs import write_outputs
     from cl_streamkl.experiment.study.report import build_report
-    from cl_streamkl.experiment.study.rates import finished_records
     from cl_streamkl.experiment.study.units import InProcess, init_worker, load_data, run_units
 
     start = time.time()

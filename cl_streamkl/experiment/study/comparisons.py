@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from cl_streamkl.experiment.study.plan_checks import PlanError
+
 METRICS = ("mean_experience_accuracy", "stream_accuracy", "forgetting", "learning_accuracy", "task_il_accuracy")
 DIRECTIONS = {"lower": -1.0, "higher": 1.0}
 ROLES = ("primary", "secondary")
@@ -24,7 +26,7 @@ COMPARISON_KEYS = {"scenario", "arm", "strategy", "baseline", "metrics"}
 HYPOTHESIS_KEYS = {"id", "scenario", "arm", "strategy", "baseline", "metric", "direction", "role"}
 
 
-class ComparisonError(ValueError):
+class ComparisonError(PlanError):
     """A comparisons or hypotheses entry that names what the plan does not run."""
 
 
@@ -40,7 +42,8 @@ def _tested(plan: dict[str, Any], scenario: Any, arm: Any, names: Sequence[Any],
 
 
 def check_comparisons(plan: dict[str, Any]) -> None:
-    """Raise :class:`ComparisonError` for a comparison or hypothesis the plan cannot answer."""
+    """Raise :class:`ComparisonError` for a comparison or hypothesis the plan cannot answer (their
+    shapes are :func:`~cl_streamkl.experiment.study.plan_checks.check_shapes`')."""
     for i, entry in enumerate(plan.get("comparisons") or ()):
         where = f"comparisons[{i}]"
         if not isinstance(entry, dict) or not {"scenario", "strategy", "baseline"} <= set(entry) <= COMPARISON_KEYS:
@@ -59,9 +62,9 @@ def check_comparisons(plan: dict[str, Any]) -> None:
             raise ComparisonError(f"{where}: metric {entry['metric']!r} cannot be a hypothesis")
         if entry["direction"] not in DIRECTIONS or entry["role"] not in ROLES:
             raise ComparisonError(f"{where}: direction is lower or higher, role primary or secondary")
+        if entry["id"] in ids:
+            raise ComparisonError(f"{where}: id {entry['id']!r} is given twice; every id must be distinct")
         ids.append(entry["id"])
-    if len(set(ids)) != len(ids):
-        raise ComparisonError("hypotheses: every id must be distinct")
 
 
 def in_family(plan: dict[str, Any], scenario: str, entry: dict[str, Any]) -> bool:

@@ -112,7 +112,10 @@ def write_archive(root: Path, path: Path) -> list[Path]:
 
 
 def open_archive(path: Path) -> tuple[tarfile.TarFile, dict[str, Any] | None]:
-    """An archive of :func:`write_archive`, every member checked, and the plan it holds.
+    """An archive of :func:`write_archive`, every member checked, and the plan it holds (None if none).
+
+    Members are known by their names without leading ``./`` (:func:`normal_member_name`),
+    and unpacked under those names.
 
     Raises:
         StudyFileError: a part is unreadable, the data is no gzip tar or is truncated, or a
@@ -130,6 +133,11 @@ def open_archive(path: Path) -> tuple[tarfile.TarFile, dict[str, Any] | None]:
         raise StudyFileError(f"--from-archive {path} is not a complete .tar.gz ({err})") from None
     plan = None
     for member in members:
+        # `tar czf x.tgz -C folder ./plan.json ./units` names members ./plan.json, ./units/...:
+        # the same files as write_archive's, checked and unpacked under their plain names.
+        member.name = normal_member_name(member.name)
+    archive.members = members = [member for member in members if member.name]  # not the folder itself
+    for member in members:
         parts = PurePosixPath(member.name).parts
         if (PurePosixPath(member.name).is_absolute() or ".." in parts or not parts
                 or parts[0] not in ARCHIVE_ROOTS):
@@ -142,6 +150,12 @@ def open_archive(path: Path) -> tuple[tarfile.TarFile, dict[str, Any] | None]:
             except (ValueError, tarfile.TarError, EOFError, OSError) as err:
                 raise StudyFileError(f"--from-archive {path}: its plan.json is damaged ({err})") from None
     return archive, plan
+
+
+def normal_member_name(name: str) -> str:
+    """An archive member's name without ``.`` parts (``""`` for the archived folder itself)."""
+    path = PurePosixPath(name)
+    return path.as_posix() if path.parts else ""
 
 
 def unpack_archive(archive: tarfile.TarFile, root: Path) -> None:

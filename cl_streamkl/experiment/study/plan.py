@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from cl_streamkl.experiment.study.files import read_mapping
+from cl_streamkl.experiment.study.plan_checks import PlanError, check_settings_source, check_shapes
 
 SCENARIOS = ("class", "task", "domain")
 PARTS = ("tune", "test")
@@ -45,10 +46,6 @@ PER_UNIT = ("scenario", "strategies", "seeds", "eval_split", "out", "device")
 # Classes of the datasets whose count is known before loading them (time estimates only;
 # experiences of others count alike).
 CLASSES = {"digits": 10, "mnist5k": 10, "cluttered-mnist": 10, "cifar10": 10, "cifar100": 100, "tiny-imagenet": 200}
-
-
-class PlanError(ValueError):
-    """A plan file that cannot be run; the message is one line naming the file and the key."""
 
 
 def tokens(settings: dict[str, Any]) -> int:
@@ -148,6 +145,7 @@ def check_plan(plan: dict[str, Any]) -> dict[str, Any]:
     if missing:
         raise PlanError(f"missing key {missing[0]!r}")
     plan = {**copy.deepcopy(OPTIONAL), **plan}
+    check_shapes(plan)
     if not isinstance(plan["regime"], str) or not plan["regime"]:
         raise PlanError("regime must be a name (reports and tables use it)")
     _check_settings(plan["settings"], "settings")
@@ -200,12 +198,12 @@ def chosen_from_report(plan: dict[str, Any], report: dict[str, Any], source: str
     """``plan`` with every scenario's tuning replaced by the settings ``report`` chose for it.
 
     Raises:
-        PlanError: the report is no study report, or its tuning of a scenario is unfinished.
+        PlanError: the report is no study report, its settings were chosen on seeds ``plan``
+            tests on, or its tuning of a scenario is unfinished.
     """
-    if not isinstance(report, dict) or "plan_fingerprint" not in report or "scenarios" not in report:
-        raise PlanError(f"settings_from {source} is not a study report")
+    check_settings_source(plan, report, source)
     plan = copy.deepcopy(plan)
-    for name, part in plan["scenarios"].items():
+    for name, part in plan.get("scenarios", {}).items():
         chosen = report["scenarios"].get(name, {}).get("chosen")
         if chosen is None:
             raise PlanError(f"settings_from {source}: the report's tuning of {name} is not finished")
@@ -235,10 +233,9 @@ def load_plan(path: str | Path) -> dict[str, Any]:
                 report = json.loads(report_path.read_text())
             except (OSError, ValueError) as err:
                 raise PlanError(f"settings_from {source}: cannot read a JSON report ({err})") from None
-            if isinstance(data.get("scenarios"), dict):
-                for part in data["scenarios"].values():
-                    if isinstance(part, dict):
-                        part.setdefault("tuning", {})
+            check_shapes(data)
+            for part in data.get("scenarios", {}).values():
+                part.setdefault("tuning", {})
             data = chosen_from_report(data, report, source)
         return check_plan(data)
     except PlanError as err:

@@ -44,10 +44,14 @@ def _trained(root: str, unit: Unit) -> int:
 
 
 def finished_records(root: Path) -> dict[str, dict[str, Any]]:
-    """Every finished unit's record under ``root/units``, by unit name."""
-    import json
+    """Every finished unit's record under ``root/units``, by unit name.
 
-    return {path.stem: json.loads(path.read_text()) for path in sorted((root / "units").glob("*.json"))}
+    Raises:
+        StudyFileError: a record is not JSON (one line naming it).
+    """
+    from cl_streamkl.experiment.study.files import read_json
+
+    return {path.stem: read_json(path, "--out's record") for path in sorted((root / "units").glob("*.json"))}
 
 
 def unit_kind(unit: Unit) -> tuple[str, str, str]:

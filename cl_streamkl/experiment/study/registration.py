@@ -21,6 +21,10 @@ from typing import Any
 from cl_streamkl.experiment.study.files import StudyFileError, read_json
 
 
+# What a registration records (and a confirmatory start checks).
+REGISTRATION_KEYS = ("sha256", "plan_fingerprint", "commit")
+
+
 def registration_path(plan_file: Path) -> Path:
     """``PLAN.registration.json`` beside the plan file."""
     return plan_file.with_name(plan_file.name + ".registration.json")
@@ -93,6 +97,10 @@ def check_registration(plan_file: Path, fingerprint: str) -> dict[str, Any]:
         raise StudyFileError(f"{plan_file} is not registered: commit it, run cl-streamkl study {plan_file} --register "
                              f"and commit {path.name} before --part confirm")
     record = read_json(path, "registration")
+    lacking = [key for key in REGISTRATION_KEYS if not isinstance(record.get(key), str)]
+    if lacking:
+        raise StudyFileError(f"{path} is not a complete registration: its {', '.join(lacking)} "
+                             f"{'is' if len(lacking) == 1 else 'are'} missing or not text; restore the committed file")
     data = plan_file.read_bytes()
     if record.get("sha256") != file_sha256(data) or record.get("plan_fingerprint") != fingerprint:
         raise StudyFileError(f"{plan_file} changed since it was registered ({path.name}): a pre-registered plan "

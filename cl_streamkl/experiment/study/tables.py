@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 SCENARIOS = ("class", "task", "domain")
@@ -18,6 +19,8 @@ TITLES = {"stream_accuracy": "stream acc", "mean_experience_accuracy": "mean exp
           "learning_accuracy": "learning acc", "task_il_accuracy": "Task-IL acc"}
 PAIRED_COLUMNS = ("mean_experience_accuracy", "stream_accuracy", "forgetting")
 HOLM_LEVEL = 0.05
+# What every study report holds (``--json``, ``--tables``).
+REPORT_KEYS = ("plan", "plan_fingerprint", "settings", "units", "scenarios")
 
 
 def part_of(report: dict[str, Any], scenario: str) -> dict[str, Any]:
@@ -211,3 +214,26 @@ def verdict_lines(report: dict[str, Any]) -> list[str]:
             line += f"; learning acc {e['beside']['learning_accuracy']['mean_diff']:+.1f} pp (not tested)"
         lines.append(line + ".")
     return lines
+
+
+def tables_of(paths: Sequence[Path]) -> str:
+    """:func:`side_by_side` of the reports at ``paths`` (``--tables``).
+
+    Raises:
+        StudyFileError: a file is unreadable or no complete study report (a key its tables
+            read is missing or of another type); one line naming it.
+    """
+    from cl_streamkl.experiment.study.files import StudyFileError, read_json
+
+    reports = []
+    for path in paths:
+        report = read_json(path, "--tables")
+        if not set(REPORT_KEYS) <= set(report):
+            raise StudyFileError(f"--tables {path} is not a study report (cl-streamkl study's report.json)")
+        try:
+            side_by_side([report])
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:
+            reason = f"it lacks the key {err}" if isinstance(err, KeyError) else f"{type(err).__name__}: {err}"
+            raise StudyFileError(f"--tables {path} is not a complete study report ({reason})") from None
+        reports.append(report)
+    return side_by_side(reports)
