@@ -203,19 +203,22 @@ def check_faithful(model: nn.Module) -> None:
             )
 
 
-def _is_encoder_layers(name: str) -> bool:
-    parent, _, last = name.rpartition(".")
-    return last in ("layer", "layers") and (parent == "encoder" or parent.endswith(".encoder"))
+def _is_layer_list(name: str, module: nn.Module) -> bool:
+    """A ``layer`` / ``layers`` ModuleList each of whose items holds an attention module."""
+    return (isinstance(module, nn.ModuleList) and name.rpartition(".")[2] in ("layer", "layers") and len(module) > 0
+            and all(any("attention" in type(m).__name__.lower() for m in item.modules()) for item in module))
 
 
 def encoder_blocks(model: nn.Module) -> list[nn.Module] | None:
-    """The layers of ``model``'s one transformer encoder (``encoder.layer`` / ``encoder.layers``), or None.
+    """The layers of ``model``'s one transformer encoder (its ``layer`` / ``layers`` list), or None.
+
+    ``ViTModel.layers`` in transformers 5, ``vit.encoder.layer`` in 4.x, ``vision_model.encoder.layers``
+    (CLIP, SigLIP).
 
     Raises:
         TypeError: ``model`` holds several encoders (CLIP's text and vision towers).
     """
-    found = [(name, module) for name, module in model.named_modules()
-             if isinstance(module, nn.ModuleList) and _is_encoder_layers(name)]
+    found = [(name, module) for name, module in model.named_modules() if _is_layer_list(name, module)]
     if len(found) > 1:
         names = ", ".join(name for name, _ in found)
         raise TypeError(f"QKCapture captures one transformer encoder; {qualified_type_name(model)} holds "
