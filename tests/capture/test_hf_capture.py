@@ -68,6 +68,7 @@ def images(batch: int = 2, seed: int = 1) -> torch.Tensor:
 @pytest.mark.parametrize("family,head", CASES, ids=IDS)
 def test_captured_qk_reproduce_the_models_attention_maps(family: str, head: bool) -> None:
     eager, sdpa, x = tiny_model(family, "eager", head), tiny_model(family, "sdpa", head), images()
+    sdpa.load_state_dict(eager.state_dict())
     with QKCapture(eager) as eager_capture:
         maps = eager(pixel_values=x, output_attentions=True).attentions
     with QKCapture(sdpa) as sdpa_capture:
