@@ -18,9 +18,10 @@ instead of returning wrong tensors.
 
 Registered by default: timm's ``Attention`` (ViT, DeiT, DeiT-3), ``AttentionRope`` and
 ``eva.EvaAttention`` (EVA, EVA-02), and ``nn.MultiheadAttention`` (torchvision's
-``VisionTransformer``; read by :mod:`cl_streamkl.capture.multihead`). Attention classes with extra score terms, such as
-BEiT's relative-position bias, are deliberately not registered and are rejected with a
-clear error.
+``VisionTransformer``; read by :mod:`cl_streamkl.capture.multihead`). ``transformers``'
+attention classes are registered by :mod:`cl_streamkl.capture.hf_extractors` when a model
+using them is first captured. Attention classes with extra score terms, such as BEiT's
+relative-position bias, are deliberately not registered and are rejected with a clear error.
 """
 
 from __future__ import annotations
