@@ -101,6 +101,21 @@ def test_sdpa_records_the_log_sum_exp_and_eager_none(family: str) -> None:
     assert capture.lse == [None, None]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the gradient-free fused backends run on CUDA")
+def test_the_teachers_and_the_students_lse_on_cuda() -> None:
+    model = tiny_model("clip", "sdpa", head=True).cuda()
+    x = images().cuda()
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        teacher = eager_teacher_qk(frozen_copy(model), "all", x)
+        with QKCapture(model) as student:
+            model(pixel_values=x)
+    for result in (teacher, student):
+        for (q, k), scale, lse in zip(result.qk, result.scales, result.lse):
+            assert lse is not None and lse.shape == q.shape[:3]
+            expected = torch.logsumexp(q.double() @ k.double().transpose(-2, -1) * scale, dim=-1)
+            torch.testing.assert_close(lse.double(), expected, rtol=0, atol=2e-2)
+
+
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
 def test_captured_qk_are_the_models_tensors_with_their_gradient(attention: str) -> None:
     model, x = tiny_model("vit", attention, head=True), images()
@@ -135,7 +150,7 @@ def test_siglip_pooling_head_is_not_a_block() -> None:
     model = tiny_model("siglip", "sdpa")
     assert any(isinstance(m, torch.nn.MultiheadAttention) for m in model.modules())
     assert len(find_attention_modules(model)) == 2
-    assert all(type(m).__name__ == "SiglipAttention" for m in find_attention_modules(model))
+    assert all(type(m).__name__ in ("SiglipAttention", "SiglipSdpaAttention") for m in find_attention_modules(model))
 
 
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
@@ -238,7 +253,7 @@ def test_masked_attention_fails_the_forward_by_name(attention: str) -> None:
     config = transformers.CLIPTextConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                          intermediate_size=64)
     model = transformers.CLIPTextModel._from_config(config, attn_implementation=attention)
-    with pytest.raises(RuntimeError, match="CLIPAttention.*(mask|add).*attn_implementation 'eager' or 'sdpa'"):
+    with pytest.raises(RuntimeError, match=r"CLIP(Sdpa)?Attention.*(mask|add).*attn_implementation 'eager' or 'sdpa'"):
         with QKCapture(model):
             model(input_ids=torch.tensor([[1, 2, 3]]))
 
