@@ -1,8 +1,9 @@
 """Read Hugging Face ``transformers`` vision transformers for :class:`~cl_streamkl.capture.QKCapture`.
 
-``transformers`` (4.48 and later, 5.x) splits q and k into heads inside one attention module
-per encoder layer (``ViTAttention``, ``CLIPAttention``, ...; ``ViTSelfAttention`` in 4.x) and
-hands them to the attention function ``config._attn_implementation`` names:
+``transformers`` (4.48 and later, 5.x; CLIP's eager attention after 4.51) splits q and k into
+heads inside one attention module per encoder layer (``ViTAttention``, ``CLIPAttention``, ...;
+``ViTSelfAttention`` in 4.x) and hands them to the attention function
+``config._attn_implementation`` names:
 
 * ``"sdpa"``: ``F.scaled_dot_product_attention(q, k, v, attn_mask=None, scale=scaling)``, read
   as the timm fused path is (with its log-sum-exp, and from the autograd graph once verified);
