@@ -55,10 +55,10 @@ _MUL_FUNCS = frozenset({torch.Tensor.mul, torch.Tensor.__mul__, torch.Tensor.__r
 _DIV_FUNCS = frozenset({torch.Tensor.div, torch.Tensor.__truediv__, torch.div})
 
 _WINDOWS = "attends within (shifted) windows and adds a relative-position bias to q kᵀ"
-_RELATIVE_BIAS = "adds a relative-position bias to q kᵀ (use_relative_position_bias or " \
-                 "use_shared_relative_position_bias in its config)"
-_VITDET = "adds decomposed relative-position terms to q kᵀ or attends within windows " \
-          "(use_relative_position_embeddings, window_size in its config)"
+_RELATIVE_BIAS = ("adds a relative-position bias to q kᵀ (use_relative_position_bias or "
+                  "use_shared_relative_position_bias in its config)")
+_VITDET = ("adds decomposed relative-position terms to q kᵀ or attends within windows "
+           "(use_relative_position_embeddings, window_size in its config)")
 
 
 def _always(_config: object) -> bool:

@@ -231,11 +231,19 @@ def _data2vec() -> torch.nn.Module:
                                                                               use_shared_relative_position_bias=True))
 
 
+def _vitdet() -> torch.nn.Module:
+    config = transformers.VitDetConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, mlp_ratio=2,
+                                       image_size=32, pretrain_image_size=32, patch_size=8,
+                                       use_relative_position_embeddings=True)
+    return transformers.VitDetModel(config)
+
+
 @pytest.mark.parametrize("build,why", [
     (_swin, "SwinAttention attends within .*windows and adds a relative-position bias"),
     (lambda: _beit(use_relative_position_bias=True), "BeitAttention adds a relative-position bias"),
     (_data2vec, "Data2VecVisionAttention adds a relative-position bias"),
-], ids=["swin", "beit", "data2vec-vision"])
+    (_vitdet, "VitDetAttention adds decomposed relative-position terms"),
+], ids=["swin", "beit", "data2vec-vision", "vitdet"])
 def test_attention_with_extra_score_terms_is_refused_by_reason(build, why: str) -> None:
     model = build()
     with pytest.raises(TypeError, match=why) as error:
