@@ -25,7 +25,7 @@ A KL over q and k alone would compare other distributions than the models attend
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -39,8 +39,8 @@ from cl_streamkl.capture.extractors import (
 )
 from cl_streamkl.capture.hooks import RecordQK
 
-__all__ = ["FAMILIES", "ScaledProductWatcher", "check_faithful", "encoder_blocks", "hf_attention_extractor",
-           "is_hf_model", "register_hf_attention"]
+__all__ = ["FAMILIES", "ScaledProductWatcher", "attention_without_sdpa", "check_faithful", "encoder_blocks",
+           "hf_attention_extractor", "is_hf_model", "register_hf_attention"]
 
 FAMILIES: dict[str, str] = {
     "transformers.models.vit.modeling_vit": "ViT",
@@ -225,3 +225,19 @@ def encoder_blocks(model: nn.Module) -> list[nn.Module] | None:
         raise TypeError(f"QKCapture captures one transformer encoder; {qualified_type_name(model)} holds "
                         f"{len(found)} ({names}): pass the module holding the one to distil, e.g. model.vision_model")
     return list(found[0][1].children()) if found else None
+
+
+def attention_without_sdpa(modules: Iterable[nn.Module]) -> str | None:
+    """The ``attn_implementation`` of the first ``transformers`` attention module that does not run SDPA, or None.
+
+    Such attention (``"eager"``, ``"flash_attention_2"``, ...) makes no
+    ``F.scaled_dot_product_attention`` call for a compiled teacher to record. None also for
+    modules that are not ``transformers``' or do not keep their config.
+    """
+    for module in modules:
+        implementation = getattr(getattr(module, "config", None), "_attn_implementation", None)
+        if type(module).__module__.startswith("transformers.") and isinstance(implementation, str) \
+                and implementation != "sdpa":
+            return implementation
+    return None
+

@@ -18,6 +18,7 @@ from cl_streamkl.capture import CompiledQK, QKCapture, find_attention_modules, r
 from cl_streamkl.capture import extractors  # noqa: E402
 from cl_streamkl.capture.compiled import eager_teacher_qk  # noqa: E402
 from cl_streamkl.strategies import AttentionDistiller, frozen_copy  # noqa: E402
+from cl_streamkl.strategies import distiller as distiller_module  # noqa: E402
 
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
             patch_size=8)
@@ -206,14 +207,25 @@ def test_compiled_teacher_of_a_sdpa_model_equals_the_eager_capture_with_its_lse(
         torch.testing.assert_close(lse, torch.logsumexp(q @ k.transpose(-2, -1) * scale, -1), rtol=0, atol=1e-5)
 
 
-def test_compiled_teacher_of_an_eager_attention_model_fails_or_falls_back() -> None:
-    torch._dynamo.reset()
+def test_compiled_teacher_of_an_eager_attention_model_is_refused_when_built_or_runs_eager() -> None:
     teacher, x = frozen_copy(tiny_model("vit", "eager")), images()
-    with pytest.raises(RuntimeError, match="0 F.scaled_dot_product_attention calls for 2 attention blocks"):
-        CompiledQK(teacher, "all", {"backend": "eager"})(x)
+    with pytest.raises(ValueError, match="attn_implementation='eager', not 'sdpa'.*compile_teacher=False"):
+        CompiledQK(teacher, "all", {"backend": "eager"})
     with pytest.warns(RuntimeWarning, match="running it eager"):
-        result = CompiledQK(teacher, "all", {"backend": "eager"}, fallback=True)(x)
-    assert len(result.qk) == 2
+        compiled = CompiledQK(teacher, "all", {"backend": "eager"}, fallback=True)
+    result = compiled(x)  # eager from the start: nothing is compiled
+    assert compiled.eager_fallback is not None and len(result.qk) == 2
+
+
+def test_distillers_compiled_teacher_of_an_eager_attention_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(distiller_module, "_on_cuda", lambda _module: True)  # where "auto" compiles
+    model, x = tiny_model("vit", "eager"), images()
+    with pytest.warns(RuntimeWarning, match="attn_implementation='eager'"):
+        auto = AttentionDistiller(compile_teacher="auto")
+        auto.update_teacher(model)
+    assert len(auto.teacher_qk(x).qk) == 2
+    with pytest.raises(ValueError, match="attn_implementation='sdpa'"):
+        AttentionDistiller(compile_teacher={"backend": "eager"}).update_teacher(model)
 
 
 def _swin() -> torch.nn.Module:
