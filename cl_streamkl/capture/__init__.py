@@ -7,6 +7,9 @@ One job per module:
 * :mod:`~cl_streamkl.capture.extractors`: how one attention class is read (the extractor
   registry, the product watcher, the defaults).
 * :mod:`~cl_streamkl.capture.multihead`: ``nn.MultiheadAttention`` (torchvision's ViT).
+* :mod:`~cl_streamkl.capture.hf_extractors`: Hugging Face ``transformers`` ViT, DeiT, DINOv2,
+  CLIP and SigLIP vision (eager and SDPA attention), and the attention refused (Swin, BEiT's
+  relative-position bias).
 * :mod:`~cl_streamkl.capture.layers`: layer selections and each block's attention module.
 * :mod:`~cl_streamkl.capture.graph_reads`: reading the product back from the autograd
   graph, so that verified modules need not be watched; :func:`graph_reads_disabled`
@@ -18,7 +21,8 @@ One job per module:
 * :mod:`~cl_streamkl.capture.recording`: what those two share (the recording mode traced
   into the graph, the check against eager).
 
-Needs timm (``pip install "cl-streamkl[capture]"``): its attention classes are the ones read.
+Needs timm (``pip install "cl-streamkl[capture]"``): its attention classes are the ones read;
+``transformers`` models need the ``[hf]`` extra.
 """
 
 from cl_streamkl._extras import require_extra

@@ -37,6 +37,7 @@ from torch import nn
 from cl_streamkl.capture.attention_lse import lse_backend
 from cl_streamkl.capture.compiled_model import is_compiled
 from cl_streamkl.capture.context import QKCapture
+from cl_streamkl.capture.hf_extractors import attention_without_sdpa
 from cl_streamkl.capture.layers import LayerSpec, find_attention_modules, resolve_layer_indices
 from cl_streamkl.capture.recording import MATCH_RTOL, Record, SdpaRecorder, input_signature, qk_error
 
@@ -162,6 +163,8 @@ class CompiledQK:
     Raises:
         TypeError: the model has no capturable attention, or bad ``compile_options``.
         ValueError: the model runs compiled already (:func:`~cl_streamkl.capture.compile_model`).
+        ValueError: without ``fallback``, a ``transformers`` model whose attention is not SDPA
+            (with ``fallback`` it runs eager from the start, with a warning).
         ValueError: the layer selection does not fit the model.
     """
 
@@ -173,11 +176,22 @@ class CompiledQK:
                              "Q/K with QKCapture (compile_teacher=False)")
         self.model = model
         self.layers = layers
-        self.num_blocks = len(find_attention_modules(model))
+        attention = find_attention_modules(model)
+        self.num_blocks = len(attention)
         self.block_indices = resolve_layer_indices(layers, self.num_blocks)
         self.max_check_error: float | None = None
         self.fallback = fallback
         self.eager_fallback: str | None = None
+        implementation = attention_without_sdpa(attention)
+        if implementation is not None:
+            # Known before compiling: its forward makes no SDPA call for the compiled capture to record.
+            why = (f"{type(model).__name__}'s attention runs attn_implementation={implementation!r}, not 'sdpa', "
+                   "so its forward makes no F.scaled_dot_product_attention call to record")
+            if not fallback:
+                raise ValueError(f"CompiledQK: {why}; build it with attn_implementation='sdpa' or use the eager "
+                                 "teacher (compile_teacher=False)")
+            self.eager_fallback = why
+            warnings.warn(f"compiled teacher unavailable, running it eager ({why})", RuntimeWarning, stacklevel=2)
         self._scales: list[float] | None = None
         # Checked input signatures → the backend whose log-sum-exp the compiled forward records.
         self._lse_backends: dict[tuple, int | None] = {}

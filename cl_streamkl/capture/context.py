@@ -39,7 +39,8 @@ class QKCapture:
 
     Args:
         model: a vision transformer whose blocks' attention classes have extractors
-            (timm ViT/DeiT/DeiT-3/EVA/EVA-02 and torchvision ViT out of the box).
+            (timm ViT/DeiT/DeiT-3/EVA/EVA-02, torchvision ViT, and transformers' ViT,
+            DeiT, DINOv2, CLIP and SigLIP vision models out of the box).
         layers: ``"all"``, an int n (the last n blocks) or a list of block indices
             (negative allowed).
         stop_early: end the model's forward as soon as every selected block's attention

@@ -18,9 +18,10 @@ instead of returning wrong tensors.
 
 Registered by default: timm's ``Attention`` (ViT, DeiT, DeiT-3), ``AttentionRope`` and
 ``eva.EvaAttention`` (EVA, EVA-02), and ``nn.MultiheadAttention`` (torchvision's
-``VisionTransformer``; read by :mod:`cl_streamkl.capture.multihead`). Attention classes with extra score terms, such as
-BEiT's relative-position bias, are deliberately not registered and are rejected with a
-clear error.
+``VisionTransformer``; read by :mod:`cl_streamkl.capture.multihead`). ``transformers``'
+attention classes are registered by :mod:`cl_streamkl.capture.hf_extractors` when a model
+using them is first captured. Attention classes with extra score terms, such as BEiT's
+relative-position bias, are deliberately not registered and are rejected with a clear error.
 """
 
 from __future__ import annotations
@@ -41,13 +42,16 @@ from cl_streamkl.capture.hooks import QKExtractor, RecordQK, Removable, qualifie
 from cl_streamkl.capture.multihead import multihead_attention_extractor
 
 __all__ = [
+    "ProductWatcher",
     "QKExtractor",
     "RecordQK",
     "Removable",
     "attention_product_extractor",
     "qk_extractor_for",
     "qualified_type_name",
+    "register_default_extractor",
     "register_qk_extractor",
+    "watch_score_products",
 ]
 
 _EXTRACTORS: dict[type, QKExtractor] = {}
@@ -101,13 +105,19 @@ def register_qk_extractor(attention_cls: type, extractor: QKExtractor | None = N
     _EXTRACTORS[attention_cls] = extractor
 
 
+def register_default_extractor(attention_cls: type, extractor: QKExtractor) -> None:
+    """Register ``extractor`` for ``attention_cls`` unless the user registered one already (built-in defaults)."""
+    _ensure_defaults()
+    _EXTRACTORS.setdefault(attention_cls, extractor)
+
+
 def qk_extractor_for(module: nn.Module) -> QKExtractor | None:
     """The extractor registered for ``type(module)``, or ``None``."""
     _ensure_defaults()
     return _EXTRACTORS.get(type(module))
 
 
-class _ProductWatcher(TorchFunctionMode):
+class ProductWatcher(TorchFunctionMode):
     """Finds the score product inside one forward of one attention module.
 
     Entered by a forward pre-hook and left by an always-called forward hook, so it only
@@ -146,10 +156,12 @@ class _ProductWatcher(TorchFunctionMode):
         scale = getattr(self.module, "scale", None)
         return float(scale) if isinstance(scale, (int, float)) and not isinstance(scale, bool) else None
 
+    # What the error of a forward it cannot read suggests (a subclass for a known library says otherwise).
+    remedy = "Register a dedicated extractor with cl_streamkl.capture.register_qk_extractor()."
+
     def _fail(self, why: str) -> RuntimeError:
         return RuntimeError(
-            f"QKCapture cannot read the attention scores of {qualified_type_name(self.module)}: {why}. "
-            "Register a dedicated extractor with cl_streamkl.capture.register_qk_extractor()."
+            f"QKCapture cannot read the attention scores of {qualified_type_name(self.module)}: {why}. {self.remedy}"
         )
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -253,9 +265,9 @@ def _saved_lse(out: object, q: torch.Tensor) -> torch.Tensor | None:
 
 
 class _WatcherHandle:
-    """Removes the hooks of one :class:`_ProductWatcher` and leaves its mode if still active."""
+    """Removes the hooks of one :class:`ProductWatcher` and leaves its mode if still active."""
 
-    def __init__(self, watcher: _ProductWatcher, handles: list) -> None:
+    def __init__(self, watcher: ProductWatcher, handles: list) -> None:
         self.watcher = watcher
         self.handles = handles
 
@@ -304,7 +316,19 @@ def attention_product_extractor(module: nn.Module, record: RecordQK) -> list[Rem
     Returns:
         One handle whose ``remove()`` removes the hooks.
     """
-    watcher = _ProductWatcher(module, record)
+    return watch_score_products(ProductWatcher(module, record))
+
+
+def watch_score_products(watcher: ProductWatcher) -> list[Removable]:
+    """Hook ``watcher.module`` so each forward is watched by ``watcher`` (or read from its graph).
+
+    What :func:`attention_product_extractor` installs, for a watcher of any
+    :class:`ProductWatcher` subclass (one that also knows other spellings of the product).
+
+    Returns:
+        One handle whose ``remove()`` removes the hooks.
+    """
+    module = watcher.module
     parameters = _parameters_of(module)
     pending: dict[str, object] = {}
 

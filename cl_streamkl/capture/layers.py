@@ -15,6 +15,7 @@ from typing import Union
 from torch import nn
 
 from cl_streamkl.capture.extractors import qk_extractor_for, qualified_type_name
+from cl_streamkl.capture.hf_extractors import check_faithful, encoder_blocks, is_hf_model, register_hf_attention
 from cl_streamkl.distributed.data_parallel import unwrap_data_parallel
 
 __all__ = ["LayerSpec", "check_layer_spec", "find_attention_modules", "resolve_layer_indices"]
@@ -29,12 +30,27 @@ def _looks_like_attention(module: nn.Module) -> bool:
     return "attention" in type(module).__name__.lower()
 
 
+def _blocks(model: nn.Module) -> list[nn.Module] | None:
+    """The transformer blocks of ``model``: timm's ``blocks``, a ``transformers`` encoder's layers, or None.
+
+    A ``transformers`` model is checked first (:func:`~cl_streamkl.capture.hf_extractors.check_faithful`)
+    and its attention classes registered.
+    """
+    if is_hf_model(model):
+        check_faithful(model)
+        register_hf_attention(model)
+        return encoder_blocks(model)
+    blocks = getattr(model, "blocks", None)
+    return list(blocks.children()) if isinstance(blocks, nn.Module) else None
+
+
 def find_attention_modules(model: nn.Module) -> list[nn.Module]:
     """The attention module of every transformer block of ``model``, in block order.
 
-    A model with a ``blocks`` container (timm ViT, DeiT, EVA, ...) must have exactly one
-    capturable attention module per block; any other model contributes every module
-    with a registered extractor, in ``model.modules()`` order.
+    A model with a ``blocks`` container (timm ViT, DeiT, EVA, ...) or one ``transformers``
+    encoder (``encoder.layer`` / ``encoder.layers``: ViT, DeiT, DINOv2, CLIP and SigLIP
+    vision) must have exactly one capturable attention module per block; any other model
+    contributes every module with a registered extractor, in ``model.modules()`` order.
 
     Args:
         model: the vision transformer, or a ``DistributedDataParallel`` / ``DataParallel``
@@ -45,16 +61,18 @@ def find_attention_modules(model: nn.Module) -> list[nn.Module]:
 
     Raises:
         TypeError: ``model`` is not an ``nn.Module``, a block has no attention module
-            with a registered extractor (the message names the module type found), or
-            the model has no capturable attention at all.
+            with a registered extractor (the message names the module type found), the
+            model has no capturable attention at all, or its attention adds terms to
+            ``q kᵀ`` (a ``transformers`` Swin, BEiT with relative-position bias: the
+            message says which).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     model = unwrap_data_parallel(model)
-    blocks = getattr(model, "blocks", None)
-    if isinstance(blocks, nn.Module) and len(list(blocks.children())) > 0:
+    blocks = _blocks(model)
+    if blocks:
         found = []
-        for index, block in enumerate(blocks.children()):
+        for index, block in enumerate(blocks):
             registered = [m for m in block.modules() if qk_extractor_for(m) is not None]
             if len(registered) != 1:
                 if registered:

@@ -34,13 +34,13 @@ def fresh_registry(monkeypatch: pytest.MonkeyPatch) -> None:
 def full_watches(monkeypatch: pytest.MonkeyPatch) -> list[nn.Module]:
     """The modules whose forward was watched with the TorchFunctionMode, one entry per forward."""
     watched: list[nn.Module] = []
-    start = extractors._ProductWatcher.start
+    start = extractors.ProductWatcher.start
 
     def counting_start(self) -> None:
         watched.append(self.module)
         start(self)
 
-    monkeypatch.setattr(extractors._ProductWatcher, "start", counting_start)
+    monkeypatch.setattr(extractors.ProductWatcher, "start", counting_start)
     return watched
 
 
