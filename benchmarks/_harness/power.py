@@ -48,10 +48,20 @@ def seeds_for_power(effect: float, sd: float, alpha: float, power: float = 0.8, 
     """The fewest seeds (>= 2) whose paired t test at ``alpha`` reaches ``power``; None past ``most``."""
     if effect == 0:
         return None
-    for seeds in range(2, most + 1):
-        if paired_t_power(effect, sd, seeds, alpha) >= power:
-            return seeds
-    return None
+
+    def enough(seeds: int) -> bool:
+        return paired_t_power(effect, sd, seeds, alpha) >= power
+
+    # The power grows with the seeds: double until enough, then bisect (a few dozen integrals, not hundreds).
+    low, high = 1, 2
+    while not enough(high):
+        if high >= most:
+            return None
+        low, high = high, min(2 * high, most)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if enough(middle) else (middle, high)
+    return high
 
 
 def detectable_effect(sd: float, seeds: int, alpha: float, power: float = 0.8) -> float:
