@@ -44,7 +44,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reports", nargs="+", type=Path, required=True,
                         help="study reports (report.json) whose per-seed runs are pooled")
     parser.add_argument("--proxy", nargs="*", default=[], metavar="ID=STRATEGY:BASELINE[@ARM]",
-                        help="a stand-in pair of the same scenario (and arm unless @ARM) for a hypothesis no report ran")
+                        help="a stand-in pair, same scenario (and arm unless @ARM), for a hypothesis no report ran")
     parser.add_argument("--power", type=float, default=0.8, help="target power (default %(default)s)")
     parser.add_argument("--least-seeds", type=int, default=2, help="recommend at least this many seeds")
     parser.add_argument("--most-seeds", type=int, default=1000,

@@ -258,7 +258,8 @@ def chosen_from_reports(plan: dict[str, Any], reports: Sequence[tuple[str, dict[
 
 
 def _check_report(report: Any, source: str) -> None:
-    if not isinstance(report, dict) or "plan_fingerprint" not in report or not isinstance(report.get("scenarios"), dict):
+    if not isinstance(report, dict) or "plan_fingerprint" not in report or not isinstance(
+            report.get("scenarios"), dict):
         raise PlanError(f"settings_from {source} is not a study report")
 
 

@@ -191,7 +191,7 @@ def test_a_plan_that_only_tunes_reports_its_choice_for_a_later_plan(tmp_path, ca
     chosen = report["scenarios"]["class"]["chosen"]
     assert list(chosen) == ["lwf"] and chosen["lwf"]["lwf_alpha"] in (1.0, 4.0)
     # A later plan takes that choice after an earlier report's (here: the same report twice).
+    scenario = {"options": plan["scenarios"]["class"]["options"], "test": {"mem20pc": ["replay+lwf"]}}
     later = write_plan(tmp_path / "later.yaml", {**tiny_plan(val_seeds=[]), "settings_from": ["tune.json", "tune.json"],
-                                                 "scenarios": {"class": {"options": plan["scenarios"]["class"]["options"],
-                                                                         "test": {"mem20pc": ["replay+lwf"]}}}})
+                                                 "scenarios": {"class": scenario}})
     assert load_plan(later)["scenarios"]["class"]["chosen_from"]["chosen"] == chosen
