@@ -110,8 +110,10 @@ def _check_scenario(name: str, part: dict[str, Any], plan: dict[str, Any]) -> No
         raise PlanError(f"scenarios.{name} needs exactly the keys {', '.join(SCENARIO_KEYS)}")
     _check_settings({**plan["settings"], **part["options"]}, f"scenarios.{name}.options")
     test = part["test"]
-    if not isinstance(test, dict) or not test:
+    if not isinstance(test, dict):
         raise PlanError(f"scenarios.{name}.test must map replay arms to the strategies tested in them")
+    if not test and not part["tuning"]:
+        raise PlanError(f"scenarios.{name} runs nothing: its test and tuning are both empty")
     for arm, names in test.items():
         if arm not in plan["arms"]:
             raise PlanError(f"scenarios.{name}.test: arm {arm!r} is not in arms ({', '.join(map(repr, plan['arms']))})")
@@ -154,7 +156,9 @@ def check_plan(plan: dict[str, Any]) -> dict[str, Any]:
     for arm, fields in plan["arms"].items():
         _check_settings({**plan["settings"], **fields}, f"arms.{arm or '<no arm>'}")
     _seeds(plan["val_seeds"], "val_seeds", 0 if _untuned(plan) else 2)
-    _seeds(plan["test_seeds"], "test_seeds", 2)
+    tests = any(isinstance(part, dict) and part.get("test") for part in plan["scenarios"].values()) if isinstance(
+        plan["scenarios"], dict) else True
+    _seeds(plan["test_seeds"], "test_seeds", 2 if tests else 0)  # a plan that only tunes has no test seeds
     overlap = sorted(set(plan["val_seeds"]) & set(plan["test_seeds"]))
     if overlap:
         raise PlanError(f"test_seeds and val_seeds share {overlap}: settings chosen on a seed are not tested on it")
@@ -212,6 +216,46 @@ def chosen_from_report(plan: dict[str, Any], report: dict[str, Any], source: str
     return plan
 
 
+def chosen_from_reports(plan: dict[str, Any], reports: Sequence[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """``plan`` with every scenario's tuning replaced by the settings several reports chose, in order.
+
+    Per scenario, each report that has it gives its chosen settings; a later report's family
+    replaces an earlier one's of the same name (a family tuned again, e.g. LwF on top of replay),
+    and a family it does not tune keeps the earlier choice. ``chosen_from`` names every report's
+    plan fingerprint, in order.
+
+    Args:
+        reports: (path as the plan names it, the report) pairs, earliest first.
+
+    Raises:
+        PlanError: a report is no study report, has a scenario's tuning unfinished, no report has
+            a scenario of the plan, or two remaining families set the same field.
+    """
+    for source, report in reports:
+        check_settings_source(plan, report, source)
+    plan = copy.deepcopy(plan)
+    for name, part in plan["scenarios"].items():
+        chosen: dict[str, Any] = {}
+        for source, report in reports:
+            if name not in report["scenarios"]:
+                continue
+            if report["scenarios"][name].get("chosen") is None:
+                raise PlanError(f"settings_from {source}: the report's tuning of {name} is not finished")
+            chosen.update(report["scenarios"][name]["chosen"])
+        if not chosen:
+            raise PlanError(f"settings_from: no report has scenario {name}")
+        fields: dict[str, str] = {}
+        for family, setting in chosen.items():
+            for field in setting:
+                if field in fields:
+                    raise PlanError(f"settings_from: families {fields[field]} and {family} of scenario {name} both "
+                                    f"set {field}")
+                fields[field] = family
+        part["tuning"] = {}
+        part["chosen_from"] = {"plan": [report["plan_fingerprint"] for _, report in reports], "chosen": chosen}
+    return plan
+
+
 def load_plan(path: str | Path) -> dict[str, Any]:
     """The checked plan of a plan file (YAML or TOML; ``settings_from`` read relative to the file).
 
@@ -226,20 +270,26 @@ def load_plan(path: str | Path) -> dict[str, Any]:
     try:
         source = data.pop("settings_from", None) if isinstance(data, dict) else None
         if source is not None:
-            if not isinstance(source, str):
-                raise PlanError("settings_from must be the path of a study report")
-            report_path = (path.parent / source)
-            try:
-                report = json.loads(report_path.read_text())
-            except (OSError, ValueError) as err:
-                raise PlanError(f"settings_from {source}: cannot read a JSON report ({err})") from None
+            sources = source if isinstance(source, list) else [source]
+            if not sources or not all(isinstance(s, str) for s in sources):
+                raise PlanError("settings_from must be the path of a study report, or a list of them")
+            reports = [(s, _read_report(path.parent / s, s)) for s in sources]
             check_shapes(data)
             for part in data.get("scenarios", {}).values():
                 part.setdefault("tuning", {})
-            data = chosen_from_report(data, report, source)
+            # One path keeps its original form, so the plans registered with it keep their fingerprints.
+            data = (chosen_from_report(data, reports[0][1], source) if isinstance(source, str)
+                    else chosen_from_reports(data, reports))
         return check_plan(data)
     except PlanError as err:
         raise PlanError(f"{path}: {err}") from None
+
+
+def _read_report(path: Path, source: str) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise PlanError(f"settings_from {source}: cannot read a JSON report ({err})") from None
 
 
 def fingerprint(plan: dict[str, Any]) -> str:

@@ -127,13 +127,18 @@ def paired_table(reports: Sequence[dict[str, Any]], scenario: str, metrics: Sequ
     return lines
 
 
+def _listed(value: str | list[str]) -> list[str]:
+    return value if isinstance(value, list) else [value]
+
+
 def tuning_table(report: dict[str, Any], scenario: str) -> list[str]:
     """Every validation setting of every method: per-seed and mean validation accuracy, the choice in bold."""
     seeds = report["plan"]["val_seeds"]
     part = part_of(report, scenario)
     if part["chosen_from"] is not None or scenario not in report["scenarios"]:
         return [] if part["chosen_from"] is None else [
-            f"{report['settings']['tokens']} tokens: settings taken from plan `{part['chosen_from']}`, not tuned."]
+            f"{report['settings']['tokens']} tokens: settings taken from plan "
+            + " and ".join(f"`{fp}`" for fp in _listed(part["chosen_from"])) + ", not tuned."]
     lines = [f"| method ({report['settings']['tokens']} tokens) | setting | "
              + " | ".join(f"seed {s}" for s in seeds) + " | mean |", "|---|---|" + "---:|" * (len(seeds) + 1)]
     for family, table in part["tuning"].items():

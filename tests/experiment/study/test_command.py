@@ -174,3 +174,24 @@ def test_a_users_imagefolder_plan_runs(tmp_path, capsys):
     assert {(r["strategy"], r["seed"]) for r in runs} == {(s, seed) for s in ("naive", "streamkl") for seed in (0, 1)}
     assert all(len(r["accuracy_matrix"]) == 2 and sorted(r["class_order"]) == [0, 1, 2, 3] for r in runs)
     assert "| streamkl − naive |" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_plan_that_only_tunes_reports_its_choice_for_a_later_plan(tmp_path, capsys):
+    plan = tiny_plan(test_seeds=[])
+    plan["scenarios"]["class"]["tuning"] = {"lwf": {"strategy": "replay+lwf", "arm": "mem20pc",
+                                                    "grid": [{"lwf_alpha": 1.0}, {"lwf_alpha": 4.0}]}}
+    plan["scenarios"]["class"]["test"] = {}
+    path = write_plan(tmp_path / "tune.yaml", plan)
+    report_path = tmp_path / "tune.json"
+    assert main([str(path), "--part", "tune", "--workers", "0", "--out", str(tmp_path / "runs"),
+                 "--json", str(report_path)]) == 0
+    assert "tune 4/4 units; test 0/0 units" in capsys.readouterr().out
+    report = json.loads(report_path.read_text())
+    chosen = report["scenarios"]["class"]["chosen"]
+    assert list(chosen) == ["lwf"] and chosen["lwf"]["lwf_alpha"] in (1.0, 4.0)
+    # A later plan takes that choice after an earlier report's (here: the same report twice).
+    scenario = {"options": plan["scenarios"]["class"]["options"], "test": {"mem20pc": ["replay+lwf"]}}
+    later = write_plan(tmp_path / "later.yaml", {**tiny_plan(val_seeds=[]), "settings_from": ["tune.json", "tune.json"],
+                                                 "scenarios": {"class": scenario}})
+    assert load_plan(later)["scenarios"]["class"]["chosen_from"]["chosen"] == chosen

@@ -224,3 +224,49 @@ def test_the_choice_is_the_best_mean_and_waits_for_every_seed():
     del scores[units[-1]]
     tables, complete = choose(plan, "class", scores)
     assert not complete and tables["replay"]["chosen"] is None and tables["lwf"]["chosen"] == {"lwf_alpha": 4.0}
+
+
+def test_several_reports_give_their_settings_in_order_a_later_family_replacing_an_earlier(tmp_path):
+    first = {"plan_fingerprint": "a" * 16, "scenarios": {
+        "task": {"chosen": {"streamkl": {"alpha": 100.0}}},
+        "class": {"chosen": {"lwf": {"lwf_alpha": 16.0, "lwf_temperature": 2.0}, "replay": {"mem_batch_size": 16}}}}}
+    again = {"plan_fingerprint": "b" * 16, "scenarios": {"class": {"chosen": {"lwf": {"lwf_alpha": 4.0,
+                                                                                      "lwf_temperature": 1.0}}}}}
+    (tmp_path / "results").mkdir()
+    for name, report in (("first", first), ("again", again)):
+        (tmp_path / "results" / f"{name}.json").write_text(json.dumps(report))
+    plan = tiny_plan(val_seeds=[], settings_from=["../results/first.json", "../results/again.json"])
+    plan["scenarios"] = {"task": {"options": {"experiences": 3, "first_experience_classes": 6},
+                                  "test": {"": ["naive", "streamkl"]}},
+                         "class": {"options": {"experiences": 3, "first_experience_classes": 6},
+                                   "test": {"mem20pc": ["replay+lwf", "replay+lwf+streamkl"]}}}
+    path = write_plan(tmp_path / "studies" / "plan.yaml", plan)
+    loaded = load_plan(path)
+    assert loaded["scenarios"]["class"]["chosen_from"] == {"plan": ["a" * 16, "b" * 16], "chosen": {
+        "lwf": {"lwf_alpha": 4.0, "lwf_temperature": 1.0}, "replay": {"mem_batch_size": 16}}}
+    assert loaded["scenarios"]["task"]["chosen_from"] == {"plan": ["a" * 16, "b" * 16],
+                                                          "chosen": {"streamkl": {"alpha": 100.0}}}
+    units = units_tested(loaded, "class", loaded["scenarios"]["class"]["chosen_from"]["chosen"])
+    assert {dict(u.overrides)["lwf_alpha"] for u in units} == {4.0}
+    # Another family setting the same field would make the choice depend on the families' order.
+    again["scenarios"]["class"]["chosen"] = {"lwf_on_replay": {"lwf_alpha": 4.0}}
+    (tmp_path / "results" / "again.json").write_text(json.dumps(again))
+    with pytest.raises(PlanError, match="families lwf and lwf_on_replay of scenario class both set lwf_alpha"):
+        load_plan(path)
+    write_plan(path, {**plan, "settings_from": ["../results/again.json"]})
+    with pytest.raises(PlanError, match="settings_from: no report has scenario task"):
+        load_plan(path)
+    write_plan(path, {**plan, "settings_from": []})
+    with pytest.raises(PlanError, match="settings_from must be the path of a study report, or a list of them"):
+        load_plan(path)
+
+
+def test_a_plan_that_only_tunes_needs_no_test_seeds():
+    plan = tiny_plan(test_seeds=[])
+    plan["scenarios"]["class"]["test"] = {}
+    checked = check_plan(plan)
+    assert len(tuning_units(checked, "class")) == 2 * 2 * 2 and units_tested(checked, "class", {}) == []
+    with pytest.raises(PlanError, match="scenarios.class runs nothing: its test and tuning are both empty"):
+        check_plan({**plan, "scenarios": {"class": {**plan["scenarios"]["class"], "tuning": {}}}})
+    with pytest.raises(PlanError, match="test_seeds needs at least 2 distinct seeds"):
+        check_plan(tiny_plan(test_seeds=[]))

@@ -158,6 +158,9 @@ def test_the_tables_show_each_part_as_far_as_it_has_come():
     assert "No test runs yet" in side_by_side([build_report(plan, {}, ENVIRONMENT)])
     taken = {**report, "scenarios": {"class": {**report["scenarios"]["class"], "chosen_from": "f" * 16}}}
     assert tuning_table(taken, "class") == [f"5 tokens: settings taken from plan `{'f' * 16}`, not tuned."]
+    taken["scenarios"]["class"]["chosen_from"] = ["a" * 16, "b" * 16]  # settings_from a list of reports
+    assert tuning_table(taken, "class") == [f"5 tokens: settings taken from plan `{'a' * 16}` and `{'b' * 16}`, "
+                                            "not tuned."]
     assert executions(report) == "commit `abc1234` (8 tune eager, 15 test eager)"
 
 
