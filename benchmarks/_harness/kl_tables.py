@@ -6,6 +6,9 @@ columns, rows) into the documents. This module makes those files from what the s
 * ``known-lse RAW.json``: ``bench_attention_kl.py --json`` with the ``triton``, ``triton_onepass``,
   ``triton_lse``, ``triton_lse_onepass`` and ``sdpa`` implementations → one row per (shape, mode).
 * ``grouped-known-lse RAW.json``: ``grouped_and_exp_gpu.py --json`` → one row per (shape, mode).
+* ``fused RAW.json``: ``bench_attention_kl.py --json`` with ``sdpa``, ``sdpa_fa2``, ``triton_lse_onepass``
+  and ``triton_fused`` → one row per (shape, causal, mode); ``grouped-fused RAW.json``: the grouped
+  rows of ``grouped_and_exp_gpu.py --json`` with the fused call.
 * ``checks SOURCE...``: the lines ``check_gpu.py`` prints (``NAME fwd_err=… grad_err=… ok``; the
   commit from its header line), for runs cut short before their JSON was written, and the grouped
   checks of ``grouped_and_exp_gpu.py --json`` files, the commit in a "measured at" column.
@@ -98,6 +101,48 @@ def grouped_known_lse_table(raw: dict[str, Any], env: Sequence[str]) -> dict[str
             **_provenance(raw, env), "columns": columns, "rows": rows}
 
 
+def fused_table(raw: dict[str, Any], env: Sequence[str]) -> dict[str, Any]:
+    """The fused forward (gradients in the forward pass) against forward-then-backward and SDPA."""
+    times = {(row["shape"], row["causal"], row["mode"], row["impl"]): row for row in raw["rows"]}
+    impls = ("triton_fused", "triton_lse_onepass", "sdpa", "sdpa_fa2")
+    rows = []
+    for shape, causal, mode in dict.fromkeys((row["shape"], row["causal"], row["mode"]) for row in raw["rows"]):
+        found = [times[(shape, causal, mode, impl)] for impl in impls]
+        ms = [row["ms"] for row in found]
+        rows.append([_shape(shape) + (" causal" if causal else ""), mode, *(round(value, 3) for value in ms),
+                     *(round(value / ms[2], 2) for value in ms[:2]), round(found[0]["extra_bytes_per_row"])])
+    columns = [{"name": "shape"}, {"name": "mode"}, _number("fused", ".3f"), _number("forward, then backward", ".3f"),
+               _number("SDPA (cuDNN)", ".3f"), _number("FA2", ".3f"), _number("fused vs SDPA", ".2f"),
+               _number("forward, then backward vs SDPA", ".2f"), _number("fused extra B/row", "d")]
+    return {"title": "bf16, both log-sum-exps given, mean KL: the gradients computed in the forward pass (fused) "
+                     "against the forward then the one-pass backward, and attention (SDPA's default, cuDNN; FA2), "
+                     "median ms",
+            **_provenance(raw, env), "columns": columns, "rows": rows}
+
+
+def grouped_fused_table(raw: dict[str, Any], env: Sequence[str]) -> dict[str, Any]:
+    """12 blocks grouped with given log-sum-exps: fused, forward then split or one-pass backward, 12 SDPA calls."""
+    blocks = raw["blocks"]
+    by_key = {(row["shape"], row["mode"], row["impl"]): row for row in raw["grouped"]}
+    impls = ("attention_kl_grouped lse fused", "attention_kl_grouped lse", "attention_kl_grouped lse onepass",
+             f"sdpa x{blocks}")
+    rows = []
+    for shape, mode in dict.fromkeys((row["shape"], row["mode"]) for row in raw["grouped"]):
+        found = [by_key[(shape, mode, impl)] for impl in impls]
+        ms, gpu = [row["ms"] for row in found], [row["gpu_ms"] for row in found]
+        rows.append([_shape(shape), mode, *(round(value, 3) for value in ms),
+                     *(round(value / ms[-1], 2) for value in ms[:3]), *(round(value / gpu[-1], 2) for value in gpu[:3])])
+    columns = [{"name": "B×H×N×D"}, {"name": "mode"}, _number("fused", ".3f"), _number("split", ".3f"),
+               _number("one-pass", ".3f"), _number(f"{blocks} × SDPA (cuDNN)", ".3f"), _number("fused / SDPA", ".2f"),
+               _number("split / SDPA", ".2f"), _number("one-pass / SDPA", ".2f"),
+               _number("kernels: fused / SDPA", ".2f"), _number("kernels: split / SDPA", ".2f"),
+               _number("kernels: one-pass / SDPA", ".2f")]
+    return {"title": f"{blocks} blocks in one grouped call, both log-sum-exps given: the gradients in the forward pass "
+                     f"(fused) or after it (split, one-pass backward), against {blocks} SDPA (cuDNN) calls, bf16: "
+                     "median ms a call, and ratios of summed kernel time",
+            **_provenance(raw, env), "columns": columns, "rows": rows}
+
+
 def _log_rows(text: str) -> list[list[str]]:
     """Rows of a ``check_gpu.py`` log: the autotuner is on (its default), the commit in its header."""
     commit = re.search(r"\| commit (\S+)", text)
@@ -133,7 +178,7 @@ def check_table(sources: Sequence[Path], title: str, provenance: dict[str, Any])
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("kind", choices=("known-lse", "grouped-known-lse", "checks"))
+    parser.add_argument("kind", choices=("known-lse", "grouped-known-lse", "fused", "grouped-fused", "checks"))
     parser.add_argument("inputs", nargs="+", type=Path, help="the raw JSON file, or check logs and grouped JSON files")
     parser.add_argument("--out", required=True, help="table file name in benchmarks/results/, without .json")
     parser.add_argument("--env", nargs="*", default=[], help="VAR=VALUE the command ran with")
@@ -148,7 +193,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         table = check_table(args.inputs, args.title, provenance)
     else:
         raw = json.loads(args.inputs[0].read_text())
-        table = (known_lse_table if args.kind == "known-lse" else grouped_known_lse_table)(raw, args.env)
+        makers = {"known-lse": known_lse_table, "grouped-known-lse": grouped_known_lse_table, "fused": fused_table,
+                  "grouped-fused": grouped_fused_table}
+        table = makers[args.kind](raw, args.env)
     (RESULTS / f"{args.out}.json").write_text(json.dumps(table, indent=1, ensure_ascii=False) + "\n")
     return 0
 
