@@ -27,7 +27,7 @@ def test_smoke_run_checks_times_and_writes_json(tmp_path, capsys):
     assert {(row["impl"], row["mode"]) for row in payload["grouped"]} == {
         (impl, mode)
         for impl in ("attention_kl x2", "attention_kl_grouped", "attention_kl_grouped lse",
-                     "attention_kl_grouped lse onepass", "sdpa x2")
+                     "attention_kl_grouped lse onepass", "attention_kl_grouped lse fused", "sdpa x2")
         for mode in ("fwd", "fwd+bwd")
     }
     assert check["kl_grouped_lse"] < 1e-4 and check["grad_grouped_lse"] < 2e-2

@@ -186,6 +186,8 @@ def test_one_launch_per_kernel_and_one_autograd_node(launch_counter, device):
         "grouped_forward": 1,
         "grouped_backward_dq": 1,
         "grouped_backward_dk": 1,
+        "fused": 0,
+        "grouped_fused": 0,
     }
     assert all(q.grad is not None and k.grad is not None and q_t.grad is None for q, k, q_t, _ in problems)
 

@@ -305,11 +305,11 @@ def test_autotuned_kernels_keep_results_on_disk_and_time_gpu_only(monkeypatch):
     # Candidates are timed on the GPU alone (CUDA-graph replay), not through Python launches.
     assert seen.get("do_bench") is tuning.bench_in_cuda_graph
     assert seen["reset_to_zero"] is None
-    # The one-pass backward's dq sums start from zeros for every timed candidate.
+    # The one-pass backward's dq sums (and the fused forward's row sums) start from zeros for every candidate.
     from cl_streamkl.kernels.triton.backward import _attention_kl_bwd_dk_kernel
 
     tuning.tuned(_attention_kl_bwd_dk_kernel, "bwd", ("TEACHER_GRAD", "ONE_PASS"))
-    assert seen["reset_to_zero"] == ["DQ_SUM", "DQT_SUM"]
+    assert seen["reset_to_zero"] == ["DQ_SUM", "DQT_SUM", "ROW_SUMS"]  # and the fused forward's row sums
 
 
 @pytest.mark.parametrize("tokens, kind, expected", [
