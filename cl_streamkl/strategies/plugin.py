@@ -160,13 +160,14 @@ class AttentionDistillationPlugin(SupervisedPlugin, supports_distributed=True):
             teacher = None
         penalty = self.distiller.penalty(strategy.mb_x, capture, teacher=teacher, forward_args=_forward_args(strategy))
         capture.clear()
-        loss = strategy.loss.detach()
-        strategy.loss += penalty
         self._last_penalty = penalty.detach()
         if self.distiller.alpha > 0.0:
-            self._last_share = self._last_penalty / loss.abs().clamp_min(torch.finfo(torch.float32).tiny)
+            # Before the addition, which changes strategy.loss in place.
+            loss = strategy.loss.detach().abs().clamp_min(torch.finfo(torch.float32).tiny)
+            self._last_share = self._last_penalty / loss
             top = self._top_share
             self._top_share = self._last_share if top is None else torch.maximum(top, self._last_share)
+        strategy.loss += penalty
 
     def after_training_iteration(self, strategy: SupervisedTemplate, *args: Any, **kwargs: Any) -> None:
         self._close_capture()
