@@ -135,3 +135,38 @@ def run(kind: str, strategy: str, plugin: str) -> tuple[tuple[float, ...], ...]:
     for experience in _stream(task_labels).train_stream:
         trainer.train(experience)
     return tuple(tuple(values) for values in log.penalties)
+
+
+def hugging_face_vit() -> nn.Module:
+    """transformers' ViT for classification, built from a config (no weights)."""
+    from transformers import ViTConfig, ViTForImageClassification
+
+    config = ViTConfig(image_size=16, patch_size=8, hidden_size=DIM, num_hidden_layers=1, num_attention_heads=2,
+                       intermediate_size=2 * DIM, num_labels=4)
+    return _Logits(ViTForImageClassification(config))
+
+
+class _Logits(nn.Module):
+    """A Hugging Face classifier whose forward returns the logits tensor (Avalanche's criterion takes it)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values=x).logits
+
+
+def _capturable(builder: Callable[[], nn.Module]) -> bool:
+    """Whether QKCapture reads this model's attention in this version."""
+    from cl_streamkl.capture import QKCapture
+
+    try:
+        QKCapture(builder())
+    except TypeError:
+        return False
+    return True
+
+
+if importlib.util.find_spec("transformers") is not None and _capturable(hugging_face_vit):
+    MODEL_KINDS["Hugging Face ViTForImageClassification"] = (hugging_face_vit, "transformers", (0, 0))
