@@ -26,7 +26,8 @@ import torch
 from avalanche.training import Naive
 from avalanche.training.plugins import EvaluationPlugin, ReplayPlugin, SupervisedPlugin
 
-from _harness.report import add_json_flag, describe_environment, environment_line, run_settings, write_json
+from _harness.report import (add_json_flag, describe_environment, environment_line, run_settings, table_header,
+                             write_json)
 from cl_streamkl.experiment.config import ExperimentConfig
 from cl_streamkl.experiment.data import load_splits
 from cl_streamkl.experiment.data.benchmark import avalanche_benchmark
@@ -121,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
               f"({time.perf_counter() - start:.0f} s)", flush=True)
     if args.json is not None:
         write_json(args.json, {"title": "StreamKL penalty's share of the loss (second experience, digits, CPU)",
-                               **environment, "settings": run_settings(args), "columns": COLUMNS, "rows": rows})
+                               **table_header(environment), "settings": run_settings(args), "columns": COLUMNS,
+                               "rows": rows})
     return 0
 
 
