@@ -128,7 +128,9 @@ def run(kind: str, strategy: str, plugin: str) -> tuple[tuple[float, ...], ...]:
         plugins.append(LwFPlugin(alpha=1.0, temperature=2.0))
     if strategy == "EWC":
         plugins.append(EWCPlugin(ewc_lambda=1.0))
-    common = dict(model=model, optimizer=torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1),
+    # Adam moves every trained weight by about lr at once: a KL well above float32 rounding by the second step.
+    optimizer = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=0.01)
+    common = dict(model=model, optimizer=optimizer,
                   criterion=nn.CrossEntropyLoss(), train_mb_size=4, train_epochs=1, eval_mb_size=8, device="cpu",
                   plugins=plugins, evaluator=EvaluationPlugin(loggers=[]))
     trainer = Replay(mem_size=4, **common) if strategy == "Replay" else Naive(**common)
