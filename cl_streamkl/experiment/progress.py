@@ -66,7 +66,7 @@ class ProgressPlugin(SupervisedPlugin, supports_distributed=True):
             if self.penalty_source is not None and self._weighted:
                 postfix["kl"] = f"{self._last:.1e}"
                 # The penalty's share of the loss it was added to: whether alpha makes it act at all.
-                postfix["kl/loss"] = f"{float(getattr(self.penalty_source, 'last_share', 0.0)):.1%}"
+                postfix["kl/loss"] = f"{float(getattr(self.penalty_source, 'last_share', 0.0)):.2%}"
             self._bar.set_postfix(postfix, refresh=False)
             self._bar.update(1)
 
