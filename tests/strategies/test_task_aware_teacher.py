@@ -63,6 +63,16 @@ def test_the_teacher_stops_before_a_head_it_lacks() -> None:
     assert penalty.item() == pytest.approx(0.0, abs=1e-6)  # teacher = student before the new head
 
 
+def test_a_teacher_called_with_extra_arguments_runs_eager() -> None:
+    """The compiled teacher records teacher(x) calls only; one with task labels takes the eager path."""
+    model, x, tasks = mixed_task_batch()
+    distiller = AttentionDistiller(backend="torch")
+    distiller.update_teacher(model)
+    distiller._compiled_teacher = lambda inputs: pytest.fail("the compiled teacher got a call with task labels")
+    (q, _), = distiller.teacher_qk(x, tasks).qk
+    assert q.shape[0] == 6
+
+
 def test_a_teacher_call_the_forward_cannot_take_fails_in_one_line() -> None:
     model, x, tasks = mixed_task_batch()
     distiller = AttentionDistiller(backend="torch")
