@@ -71,7 +71,8 @@ def check_forward_call(model: nn.Module, args: tuple = (), kwargs: Mapping[str, 
         extra = len(args) + len(kwargs or {})
         raise TypeError(
             f"the teacher cannot be called as the student is: {qualified_type_name(model)}.forward{signature} "
-            f"does not take the input and {extra} more argument(s) ({error})"
+            f"cannot be called with the input and {extra} more argument(s): {error}; pass it the arguments the "
+            "student's forward gets"
         ) from None
 
 

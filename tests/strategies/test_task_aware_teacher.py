@@ -93,7 +93,7 @@ def test_the_plugin_refuses_a_model_the_strategy_cannot_call_when_training_start
 
     plugin = StreamKLPlugin(backend="torch")
     strategy = type("Strategy", (), {"model": NoTaskLabels()})()
-    with pytest.raises(TypeError, match=r"NoTaskLabels\.forward\(x.*does not take the input and 1 more"):
+    with pytest.raises(TypeError, match=r"NoTaskLabels\.forward\(x.*cannot be called with the input and 1 more"):
         plugin.before_training(strategy)
     strategy.model = TaskIncrementalViT()
     plugin.before_training(strategy)
