@@ -40,6 +40,7 @@ from cl_streamkl import attention_kl_reference
 from cl_streamkl.experiment.config import ExperimentConfig
 from cl_streamkl.experiment.preflight import build_run_model, build_run_stream, check_experiment
 from cl_streamkl.experiment.template import autocast
+from cl_streamkl.capture import TeacherQK
 from cl_streamkl.strategies import AttentionDistiller
 
 BACKENDS = ("triton", "torch")
@@ -106,7 +107,7 @@ def float64_check(distiller: AttentionDistiller, capture: Any, teacher: Any) -> 
     """
     qk = [(q.detach().requires_grad_(), k.detach().requires_grad_()) for q, k in capture.qk]
     inputs = [t for pair in qk for t in pair]
-    value = distiller.penalty(None, qk, student_scales=capture.scales, teacher=teacher)
+    value = distiller.penalty(None, TeacherQK(qk=qk, scales=capture.scales), teacher=teacher)
     grads = torch.autograd.grad(value, inputs)
     weight = distiller.alpha / len(qk)
     reference, reference_grads = 0.0, []
@@ -141,7 +142,7 @@ def replay(run: dict[str, Any], backend: str, steps: int, with_loss: bool, check
                 teacher = distiller.teacher_qk(images)
                 with distiller.student_capture(student) as capture:
                     logits = student(images, task) if config.scenario == "task" else student(images)
-                penalty = distiller.penalty(images, capture.qk, student_scales=capture.scales, teacher=teacher)
+                penalty = distiller.penalty(images, capture, teacher=teacher)
                 loss = F.cross_entropy(logits.float(), labels)
             if check_every and step % check_every == 0:
                 checks.append({"step": step, **float64_check(distiller, capture, teacher)})

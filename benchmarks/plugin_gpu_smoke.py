@@ -186,7 +186,7 @@ def run_plain(args: argparse.Namespace, device: torch.device) -> list[Row]:
             with autocast:
                 with distiller.student_capture(model) as capture:
                     logits = model(x)
-                penalty = distiller.penalty(x, capture.qk, student_scales=capture.scales, student_lse=capture.lse)
+                penalty = distiller.penalty(x, capture)
                 loss = F.cross_entropy(logits, y) + penalty
             scaler.scale(loss).backward()
             scaler.step(optimizer)

@@ -73,11 +73,10 @@ GAP_US = 50.0
 class CaptureOnlyDistiller(AttentionDistiller):
     """``capture``: the student's Q/K are captured as in (c), the penalty is zero, no teacher runs."""
 
-    def teacher_qk(self, x: torch.Tensor) -> None:
+    def teacher_qk(self, x: torch.Tensor, *args, **kwargs) -> None:
         return None
 
-    def penalty(self, x: torch.Tensor, student_qk, *, student_scales=None, teacher=None,
-                student_lse=None) -> torch.Tensor:
+    def penalty(self, x: torch.Tensor, capture, *, teacher=None, **kwargs) -> torch.Tensor:
         return torch.zeros((), device=x.device)
 
 

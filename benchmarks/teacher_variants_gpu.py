@@ -39,7 +39,7 @@ from _harness.options import add_run_flags, checked_device, timing_batches
 from _harness.penalty_check import PERTURBATION_STD, _perturb, reference_penalty
 from _harness.report import aligned, cell, describe_environment, environment_line, header_line, run_settings
 from _harness.report import table_header, write_json
-from _harness.vit_training import DEFAULT_MODEL, TINY_MODEL_KWARGS, Trainer, build_trainer, random_batch
+from _harness.vit_training import DEFAULT_MODEL, TINY_MODEL_KWARGS, Trainer, build_trainer, random_batch, student_qk
 from cl_streamkl.capture import QKCapture
 from cl_streamkl.kernels.config import kernel_options
 from cl_streamkl.strategies import frozen_copy
@@ -125,9 +125,7 @@ def check_penalty(trainer: Trainer, result: VariantResult, image_size: int, batc
         teacher = distiller.teacher_qk(images)
         with distiller.student_capture(student) as capture:
             student(images)
-        lse = capture.lse if trainer.pass_student_lse else None
-        penalty = distiller.penalty(images, capture.qk, student_scales=capture.scales, teacher=teacher,
-                                    student_lse=lse)
+        penalty = distiller.penalty(images, student_qk(capture, trainer.pass_student_lse), teacher=teacher)
         unquantised = getattr(trainer, "reference_teacher", distiller.teacher)
         with QKCapture(unquantised, "all") as reference_teacher:
             unquantised(images)

@@ -76,7 +76,7 @@ def check_penalties(
         for method, distiller in distillers.items():
             with distiller.student_capture(model) as capture:
                 model(images)
-            values[method] = float(distiller.penalty(images, capture.qk, student_scales=capture.scales))
+            values[method] = float(distiller.penalty(images, capture))
         with QKCapture(model, layers="all") as student, QKCapture(teacher, layers="all") as teacher_capture:
             model(images)
             teacher(images)

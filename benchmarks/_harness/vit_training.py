@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +20,7 @@ from torch import nn
 
 from _harness.measure import PeakMemory, sync
 from _harness.options import KL_IMPLEMENTATIONS
-from cl_streamkl.capture import TeacherQK
+from cl_streamkl.capture import QKCapture, TeacherQK
 from cl_streamkl.kernels import eager_attention_kl
 from cl_streamkl.strategies import AttentionDistiller
 
@@ -32,7 +32,6 @@ EXTRA_METHODS = ("teacher",)
 DEFAULT_MODEL = "vit_base_patch16_224"
 TINY_MODEL_KWARGS = {"depth": 2, "embed_dim": 32, "num_heads": 2, "num_classes": 10}
 
-QKPairs = Sequence[tuple[torch.Tensor, torch.Tensor]]
 
 
 class EagerAttentionDistiller(AttentionDistiller):
@@ -43,24 +42,21 @@ class EagerAttentionDistiller(AttentionDistiller):
     """
 
     def penalty(
-        self, x: torch.Tensor, student_qk: QKPairs, *, student_scales: Sequence[float] | None = None,
-        teacher: TeacherQK | None = None, student_lse: Sequence[torch.Tensor | None] | None = None,
+        self, x: torch.Tensor, capture: QKCapture | TeacherQK, *, teacher: TeacherQK | None = None, **_: Any,
     ) -> torch.Tensor:
         """``alpha`` · mean over blocks of the row-mean KL(P_teacher ‖ P_student).
 
         Args:
             x: the images the student saw, (B, 3, S, S).
-            student_qk: per block (q, k), each (B, H, N, D), from :meth:`student_capture`.
-            student_scales: per block softmax scale (``capture.scales``); None: D**-0.5.
+            capture: the student's :meth:`student_capture` (its log-sum-exps are unused: the
+                eager code computes its own).
             teacher: ``teacher_qk(x)`` if already run, else None (run here).
-            student_lse: taken as the distiller's is, unused: the eager code computes its own.
         """
         teacher_capture = self.teacher_qk(x) if teacher is None else teacher
-        scales = [None] * len(student_qk) if student_scales is None else student_scales
         per_block = [
             eager_attention_kl(q, k, q_teacher, k_teacher, scale=scale, teacher_scale=teacher_scale)
             for (q, k), (q_teacher, k_teacher), scale, teacher_scale in zip(
-                student_qk, teacher_capture.qk, scales, teacher_capture.scales
+                capture.qk, teacher_capture.qk, capture.scales, teacher_capture.scales
             )
         ]
         return self.alpha * torch.stack(per_block).mean()
@@ -70,8 +66,7 @@ class TeacherOnlyDistiller(AttentionDistiller):
     """(t): runs the teacher's captured forward like (c) but returns a zero penalty."""
 
     def penalty(
-        self, x: torch.Tensor, student_qk: QKPairs, *, student_scales: Sequence[float] | None = None,
-        teacher: TeacherQK | None = None, student_lse: Sequence[torch.Tensor | None] | None = None,
+        self, x: torch.Tensor, capture: QKCapture | TeacherQK, *, teacher: TeacherQK | None = None, **_: Any,
     ) -> torch.Tensor:
         """Zero (on ``x``'s device), after the teacher's forward on ``x`` unless ``teacher`` is given."""
         if teacher is None:
@@ -100,6 +95,11 @@ def build_distiller(
     raise ValueError(f"method must be one of {METHODS + EXTRA_METHODS}, got {method!r}")
 
 
+def student_qk(capture: QKCapture, with_lse: bool) -> QKCapture | TeacherQK:
+    """The capture whole, or (``with_lse`` False) its Q/K and scales without the log-sum-exps."""
+    return capture if with_lse else TeacherQK(qk=capture.qk, scales=capture.scales)
+
+
 @dataclass
 class Trainer:
     """A student, its AdamW optimizer and the method's distiller (teacher = initial student)."""
@@ -124,8 +124,7 @@ class Trainer:
                 with self.distiller.student_capture(self.model) as capture:
                     logits = self.model(images)
                 # As the plugin: the student's log-sum-exps, which the kernels reuse where they fit.
-                penalty = self.distiller.penalty(images, capture.qk, student_scales=capture.scales, teacher=teacher,
-                                                 student_lse=capture.lse if self.pass_student_lse else None)
+                penalty = self.distiller.penalty(images, student_qk(capture, self.pass_student_lse), teacher=teacher)
                 # Leave the teacher's Q/K to the penalty's graph, whose backward runs first and
                 # frees them; a reference held through the whole backward keeps them alive (about
                 # 0.6 GB at 1025 tokens, batch 16) while the student's gradients are allocated.

@@ -35,7 +35,8 @@ class QKCapture:
 
     The model and the layer selection are checked at construction; hooks exist only
     inside the ``with`` block and are removed on exit, also when the forward raises.
-    When the model runs several times inside one ``with``, ``qk`` holds the last run.
+    When the model runs several times inside one ``with``, ``qk`` holds the last run, or
+    with ``every_run`` every run.
 
     Args:
         model: a vision transformer whose blocks' attention classes have extractors
@@ -48,7 +49,12 @@ class QKCapture:
             and leave the ``with`` block at once: for a teacher whose output is not
             needed. Statements after the forward inside the ``with`` do not run. A model
             compiled by :func:`~cl_streamkl.capture.compiled_model.compile_model` runs
-            its whole forward (its Q/K arrive at the end).
+            its whole forward (its Q/K arrive at the end). An int n (with ``every_run``)
+            ends it once every selected block has run on n samples in all.
+        every_run: record every run of the selected blocks inside the ``with`` block and
+            concatenate their Q/K (and log-sum-exps) along the batch dimension, in run
+            order: for a model that runs its blocks once per group of samples, as
+            Avalanche's ``MultiTaskModule`` does for each task label in a batch.
 
     Attributes:
         block_indices: resolved absolute block indices, ascending.
@@ -59,19 +65,27 @@ class QKCapture:
         ValueError: the layer selection does not fit the model.
     """
 
-    def __init__(self, model: nn.Module, layers: LayerSpec = "all", *, stop_early: bool = False) -> None:
+    def __init__(self, model: nn.Module, layers: LayerSpec = "all", *, stop_early: bool | int = False,
+                 every_run: bool = False) -> None:
         modules = find_attention_modules(model)
+        if not isinstance(stop_early, bool) and not (isinstance(stop_early, int) and stop_early > 0 and every_run):
+            raise ValueError(f"stop_early must be a bool, or a positive int with every_run=True; got {stop_early!r}")
         self.stop_early = stop_early
+        self.every_run = every_run
         self.model = model
         self.block_indices: list[int] = resolve_layer_indices(layers, len(modules))
         self.attention_modules: list[nn.Module] = [modules[i] for i in self.block_indices]
-        # (q, k, scale, lse or None) per selected block
-        self._records: list[tuple | None] = [None] * len(self.block_indices)
+        # per selected block, (q, k, scale, lse or None) of each recorded run
+        self._records: list[list[tuple]] = [[] for _ in self.block_indices]
         self._handles: list[Removable] = []
 
     def _recorder(self, slot: int) -> RecordQK:
         def record(q: torch.Tensor, k: torch.Tensor, scale: float, lse: torch.Tensor | None = None) -> None:
-            self._records[slot] = (q, k, scale, lse_or_none(lse))
+            entry = (q, k, scale, lse_or_none(lse))
+            if self.every_run:
+                self._records[slot].append(entry)
+            else:
+                self._records[slot] = [entry]
 
         return record
 
@@ -108,7 +122,11 @@ class QKCapture:
         return exc_type is _CaptureComplete
 
     def _stop_if_complete(self, _module: nn.Module, _args: tuple, _output: object) -> None:
-        if all(record is not None for record in self._records):
+        if self.stop_early is True:
+            complete = all(self._records)
+        else:
+            complete = all(sum(run[0].shape[0] for run in runs) >= self.stop_early for runs in self._records)
+        if complete:
             raise _CaptureComplete
 
     def remove_hooks(self) -> None:
@@ -119,15 +137,20 @@ class QKCapture:
 
     def clear(self) -> None:
         """Drop the recorded tensors (and the autograd graph they keep alive)."""
-        self._records = [None] * len(self.block_indices)
+        self._records = [[] for _ in self.block_indices]
 
-    def _complete_records(self) -> list[tuple[torch.Tensor, torch.Tensor, float, torch.Tensor | None]]:
-        missing = [self.block_indices[i] for i, rec in enumerate(self._records) if rec is None]
+    def _complete_records(self) -> list[list[tuple[torch.Tensor, torch.Tensor, float, torch.Tensor | None]]]:
+        missing = [self.block_indices[i] for i, runs in enumerate(self._records) if not runs]
         if missing:
             raise RuntimeError(
                 f"no Q/K was captured for blocks {missing}: run the model inside the `with QKCapture(...)` block"
             )
-        return self._records  # type: ignore[return-value]
+        return self._records
+
+    @staticmethod
+    def _joined(tensors: list[torch.Tensor]) -> torch.Tensor:
+        # One run: the model's own tensor, no copy.
+        return tensors[0] if len(tensors) == 1 else torch.cat(tensors)
 
     @property
     def qk(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -136,12 +159,13 @@ class QKCapture:
         Exactly the tensors the block multiplies (views with the model's strides and
         autograd graph). Raises ``RuntimeError`` if a selected block has not run.
         """
-        return [(q, k) for q, k, _, _ in self._complete_records()]
+        return [(self._joined([run[0] for run in runs]), self._joined([run[1] for run in runs]))
+                for runs in self._complete_records()]
 
     @property
     def scales(self) -> list[float]:
         """The softmax scale each selected block applies to ``q kᵀ`` (timm: ``D**-0.5``)."""
-        return [scale for _, _, scale, _ in self._complete_records()]
+        return [runs[0][2] for runs in self._complete_records()]
 
     @property
     def lse(self) -> list[torch.Tensor | None]:
@@ -151,7 +175,8 @@ class QKCapture:
         (:mod:`cl_streamkl.capture.attention_lse`). It belongs to ``q kᵀ · scale`` of the
         same block, as :func:`cl_streamkl.attention_kl` takes it at temperature 1.
         """
-        return [lse for _, _, _, lse in self._complete_records()]
+        return [None if any(run[3] is None for run in runs) else self._joined([run[3] for run in runs])
+                for runs in self._complete_records()]
 
     def __repr__(self) -> str:
         return f"QKCapture(blocks={self.block_indices}, active={self.active})"

@@ -25,7 +25,7 @@ class ProgressPlugin(SupervisedPlugin, supports_distributed=True):
     Args:
         description: bar label, e.g. ``"lwf+streamkl seed 0"``.
         n_experiences: experiences in the stream (for the ``exp i/n`` label).
-        penalty_source: an object with a ``last_penalty`` float (the StreamKL plugin)
+        penalty_source: an object with ``last_penalty`` and ``last_share`` floats (the StreamKL plugin)
             or None; its value after every backward pass is appended to ``penalties``.
         enabled: False hides the bars (penalties are still recorded).
         data_parallel: this process's place in the run (default: a single process).
@@ -65,6 +65,8 @@ class ProgressPlugin(SupervisedPlugin, supports_distributed=True):
             postfix = {"loss": f"{float(strategy.loss.detach()):.3f}"}
             if self.penalty_source is not None and self._weighted:
                 postfix["kl"] = f"{self._last:.1e}"
+                # The penalty's share of the loss it was added to: whether alpha makes it act at all.
+                postfix["kl/loss"] = f"{float(getattr(self.penalty_source, 'last_share', 0.0)):.2%}"
             self._bar.set_postfix(postfix, refresh=False)
             self._bar.update(1)
 

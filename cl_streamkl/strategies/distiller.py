@@ -10,12 +10,12 @@ a plain PyTorch loop can use it directly:
 Example:
     >>> distiller = AttentionDistiller(alpha=1.0, layers="all")
     >>> distiller.update_teacher(model)            # after finishing a task
-    >>> teacher = distiller.teacher_qk(x)          # first: its GPU work overlaps the student's forward
-    >>> with distiller.student_capture(model) as cap:
-    ...     logits = model(x)
-    >>> penalty = distiller.penalty(x, cap.qk, student_scales=cap.scales, teacher=teacher, student_lse=cap.lse)
+    >>> logits, penalty = distiller.forward(model, x)   # the student's forward, captured, and its penalty
     >>> loss = F.cross_entropy(logits, y) + penalty
     >>> loss.backward()
+
+The teacher is called as the student is: ``distiller.forward(model, x, task_labels)`` runs
+``model(x, task_labels)`` and the teacher with the same arguments.
 
 Data parallel: ``model`` may be a ``DistributedDataParallel`` wrapper. The student runs
 through it (so its gradients, penalty included, are averaged over the ranks), its Q/K are
@@ -34,16 +34,21 @@ from typing import Any
 import torch
 from torch import nn
 
-from cl_streamkl.attention_kl import attention_kl, attention_kl_grouped
 from cl_streamkl.capture import CompiledQK, LayerSpec, QKCapture, TeacherQK
-from cl_streamkl.capture.compiled import check_compile_options, eager_teacher_qk
-from cl_streamkl.capture.compiled_model import is_compiled
-from cl_streamkl.capture.layers import check_layer_spec, find_attention_modules
+from cl_streamkl.capture.compiled import check_compile_options
+from cl_streamkl.capture.layers import check_layer_spec
 from cl_streamkl.distributed import unwrap_data_parallel
 from cl_streamkl.kernels.validation import AttentionKLOptions
+from cl_streamkl.strategies.block_penalties import Problem, block_problems, kl_per_block, known_lse
 from cl_streamkl.strategies.teacher import frozen_copy, named_tensors, restore_frozen_copy
+from cl_streamkl.strategies.teacher_forward import (
+    attention_heads,
+    auto_compiles,
+    check_forward_call,
+    eager_teacher_qk,
+)
 
-__all__ = ["AttentionDistiller", "known_lse"]
+__all__ = ["AttentionDistiller"]
 
 
 def _check_alpha(alpha: object) -> float:
@@ -53,68 +58,6 @@ def _check_alpha(alpha: object) -> float:
     if not math.isfinite(alpha) or alpha < 0.0:
         raise ValueError(f"alpha must be a finite number >= 0, got {alpha}")
     return alpha
-
-
-def known_lse(
-    temperature: float,
-    problems: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Any, Any]],
-    student_lse: Sequence[torch.Tensor | None] | None,
-    teacher_lse: Sequence[torch.Tensor | None] | None,
-) -> tuple[list[torch.Tensor], list[torch.Tensor]] | None:
-    """Both models' recorded log-sum-exps where the KL may take them, else None.
-
-    They are the log-sum-exps of ``q kᵀ · scale`` as each model's attention formed its scores,
-    so they serve only where the KL's scores are those: temperature 1 and the scales the
-    capture recorded (``scale`` given, not None). Every block must have both (a fused SDPA
-    call without a mask records one, eager or compiled; the math backend and manual attention
-    record none), and the inputs must be on CUDA, where the recorded LSE costs
-    nothing; on the CPU the kernels compute both as before.
-
-    Args:
-        temperature: the distiller's.
-        problems: per block ``(q, k, q_teacher, k_teacher, scale, teacher_scale)``.
-        student_lse, teacher_lse: per block the recorded log-sum-exp or None; None for all.
-
-    Returns:
-        ``(student_lse, teacher_lse)``, lists of (B, H, Nq) float32 tensors, or None.
-    """
-    if temperature != 1.0 or student_lse is None or teacher_lse is None:
-        return None
-    if len(student_lse) != len(problems) or len(teacher_lse) != len(problems):
-        return None
-    for (q, _, _, _, scale, teacher_scale), lse_s, lse_t in zip(problems, student_lse, teacher_lse):
-        if lse_s is None or lse_t is None or scale is None or teacher_scale is None or not q.is_cuda:
-            return None
-    return list(student_lse), list(teacher_lse)
-
-
-def attention_heads(model: nn.Module) -> list[int | None]:
-    """Heads of each block's attention module (``None`` where the module has no ``num_heads``).
-
-    Q/K projections of the same shape split into another number of heads give other
-    attention maps, so a saved teacher is only restored into a model with these counts.
-    """
-    heads = [getattr(module, "num_heads", None) for module in find_attention_modules(model)]
-    return [head if isinstance(head, int) and not isinstance(head, bool) else None for head in heads]
-
-
-def _on_cuda(module: nn.Module) -> bool:
-    """Whether any of ``module``'s parameters lives on a CUDA device."""
-    return any(tensor.is_cuda for tensor in module.parameters())
-
-
-def _auto_compiles(teacher: nn.Module) -> bool:
-    """Whether ``compile_teacher="auto"`` compiles ``teacher``.
-
-    Only on CUDA, where the compiled teacher measured faster at 197–4097 tokens; not a
-    snapshot of a :func:`~cl_streamkl.capture.compile_model` student, which runs compiled
-    already (and :class:`~cl_streamkl.capture.CompiledQK` refuses it), nor a model with
-    ``nn.MultiheadAttention``, whose fused eval path makes no SDPA call for the compiled
-    capture to collect (its first call would only fail and fall back).
-    """
-    if not _on_cuda(teacher) or is_compiled(teacher):
-        return False
-    return not any(isinstance(module, nn.MultiheadAttention) for module in find_attention_modules(teacher))
 
 
 class AttentionDistiller:
@@ -215,9 +158,11 @@ class AttentionDistiller:
     def student_capture(self, model: nn.Module) -> QKCapture:
         """A :class:`QKCapture` of ``model`` for the selected layers (enter it around the forward).
 
-        ``model`` may be a ``DistributedDataParallel`` wrapper: run the forward through it.
+        It records every run of the blocks (``every_run``), as the teacher does: a
+        ``MultiTaskModule`` runs them once per task label in the batch. ``model`` may be a
+        ``DistributedDataParallel`` wrapper: run the forward through it.
         """
-        return QKCapture(model, self.layers)
+        return QKCapture(model, self.layers, every_run=True)
 
     def _set_teacher(self, teacher: nn.Module | None) -> None:
         self._teacher = teacher
@@ -225,50 +170,87 @@ class AttentionDistiller:
         if teacher is None or self.compile_options is None:
             return
         auto = self.compile_teacher == "auto"
-        if not auto or _auto_compiles(teacher):
+        if not auto or auto_compiles(teacher):
             self._compiled_teacher = CompiledQK(teacher, self.layers, self.compile_options, fallback=auto)
 
-    def teacher_qk(self, x: Any) -> TeacherQK:
-        """Run the teacher on ``x`` under ``torch.no_grad()`` and return its Q/K.
+    def teacher_qk(self, x: Any, *args: Any, **kwargs: Any) -> TeacherQK:
+        """Run the teacher as ``teacher(x, *args, **kwargs)`` under ``torch.no_grad()``; return its Q/K.
 
-        The forward stops once every selected block's attention has run (the teacher's
-        output is never needed), so distilling early blocks costs only that far. With
-        ``compile_teacher`` it is the compiled forward, which prunes the same work.
+        Pass the extra arguments the student's forward gets (task labels for a
+        ``MultiTaskModule``). The forward stops once every selected block's attention has
+        run on all of ``x`` (the teacher's output is never needed), so distilling early
+        blocks costs only that far. With ``compile_teacher`` and no extra arguments it is
+        the compiled forward, which prunes the same work; a call with extra arguments runs
+        eager.
 
         Raises:
             RuntimeError: there is no teacher, or the compiled teacher's first-call check
                 against the eager capture failed.
+            TypeError: the teacher's forward does not take these arguments.
         """
         teacher = self._require_teacher()
-        if self._compiled_teacher is not None:
+        check_forward_call(teacher, args, kwargs)
+        if self._compiled_teacher is not None and not args and not kwargs:
             return self._compiled_teacher(x)
-        return eager_teacher_qk(teacher, self.layers, x)
+        return eager_teacher_qk(teacher, self.layers, x, args, kwargs)
+
+    def forward(self, model: nn.Module, x: Any, *args: Any, **kwargs: Any) -> tuple[Any, torch.Tensor]:
+        """Run the student ``model(x, *args, **kwargs)`` under capture; return its output and the penalty.
+
+        The one call of a training step: the teacher runs first with the same arguments
+        (its GPU work overlaps the student's launch-bound forward), then the student under
+        :meth:`student_capture`, then :meth:`penalty` with both models' log-sum-exps where
+        they are usable and every block in one grouped launch.
+
+        Args:
+            model: the student (or its ``DistributedDataParallel`` wrapper).
+            x: its input, e.g. images (B, 3, S, S).
+            *args, **kwargs: the rest of the student's forward arguments (task labels).
+
+        Returns:
+            ``(model's output, penalty)``; the penalty as :meth:`penalty` returns it (zero
+            before the first :meth:`update_teacher`).
+        """
+        teacher = self.teacher_qk(x, *args, **kwargs) if self._distils() else None
+        capture = self.student_capture(model)
+        with capture:
+            output = model(x, *args, **kwargs)
+        penalty = self.penalty(x, capture, teacher=teacher, forward_args=args, forward_kwargs=kwargs)
+        capture.clear()
+        return output, penalty
+
+    def _distils(self) -> bool:
+        """Whether the next penalty is computed (a teacher, a weight above 0)."""
+        return self._teacher is not None and self._pending_teacher is None and self.alpha > 0.0
 
     def penalty(
         self,
         x: Any,
-        student_qk: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        capture: QKCapture | TeacherQK,
         *,
-        student_scales: Sequence[float] | None = None,
         teacher: TeacherQK | None = None,
-        student_lse: Sequence[torch.Tensor | None] | None = None,
+        forward_args: Sequence[Any] = (),
+        forward_kwargs: Mapping[str, Any] | None = None,
     ) -> torch.Tensor:
         """``alpha`` × mean over layers of KL(P_teacher ‖ P_student) on the batch ``x``.
 
+        Both models' recorded log-sum-exps are used where :func:`known_lse` finds them
+        valid (one exponential per score instead of two), and blocks of one shape go to
+        one grouped launch.
+
         Args:
-            x: the input the student was run on (anything the teacher's forward accepts).
-            student_qk: ``capture.qk`` of :meth:`student_capture`: per selected block,
-                q (B, H, N, D) and k (B, H, N, D) with their autograd graph.
-            student_scales: ``capture.scales``; ``None`` means ``D**-0.5`` per block.
-            teacher: :meth:`teacher_qk` of this ``x``, already run; ``None`` runs it now.
-                Running the teacher *before* the student's forward is faster on a GPU:
-                the student's forward is host-bound (the GPU waits for each launch), and
-                with the teacher's kernels still queued it no longer waits. The
-                Avalanche plugin does this.
-            student_lse: ``capture.lse`` of the same capture as ``student_scales``: the
-                log-sum-exps of the student's attention. Where :func:`known_lse` finds both
-                models' usable, the kernels take one exponential per score instead of two;
-                elsewhere they are ignored.
+            x: the input the student was run on (what the teacher's forward takes first).
+            capture: the :meth:`student_capture` entered around the student's forward,
+                whole: per selected block its q (B, H, N, D), k (B, H, N, D) with their
+                autograd graph, scales and log-sum-exps. (A :class:`TeacherQK` of the
+                student's Q/K serves too.)
+            teacher: :meth:`teacher_qk` of this ``x``, already run; ``None`` runs it now,
+                with ``forward_args`` and ``forward_kwargs``. Running the teacher *before*
+                the student's forward is faster on a GPU: the student's forward is
+                host-bound, and with the teacher's kernels still queued the GPU no longer
+                waits. :meth:`forward` and the Avalanche plugin do this.
+            forward_args, forward_kwargs: the student's extra forward arguments, for a
+                teacher run here.
 
         Returns:
             A 0-dim float32 tensor differentiable w.r.t. the student's Q/K; a zero tensor
@@ -276,50 +258,29 @@ class AttentionDistiller:
 
         Raises:
             RuntimeError: a loaded teacher was not attached to a model yet.
-            TypeError: ``teacher`` is not a :class:`TeacherQK`.
-            ValueError: ``student_qk`` does not match the selected layers.
+            TypeError: ``capture`` is not a capture, or ``teacher`` not a :class:`TeacherQK`.
+            ValueError: ``capture`` does not match the selected layers or the teacher's samples.
         """
         if teacher is not None and not isinstance(teacher, TeacherQK):
             raise TypeError(f"teacher must be the TeacherQK of teacher_qk(x) or None, got {type(teacher).__name__}")
         if self._pending_teacher is not None:
             raise RuntimeError("a teacher was loaded by load_state_dict(); call attach(model) before penalty()")
-        if self._teacher is None or self.alpha == 0.0:
+        if not self._distils():
             device = x.device if isinstance(x, torch.Tensor) else None
             return torch.zeros((), dtype=torch.float32, device=device)
         if teacher is None:
-            teacher = self.teacher_qk(x)
-        teacher_qk, teacher_scales = teacher.qk, teacher.scales
-        if len(student_qk) != len(teacher_qk):
-            raise ValueError(
-                f"student_qk has {len(student_qk)} blocks but the layer selection {self.layers!r} gives "
-                f"{len(teacher_qk)}; pass capture.qk of student_capture()"
-            )
-        if student_scales is None:
-            student_scales = [None] * len(student_qk)
-        elif len(student_scales) != len(student_qk):
-            raise ValueError(f"student_scales has {len(student_scales)} entries, expected {len(student_qk)}")
-        problems = []
-        for (q, k), (q_t, k_t), scale, teacher_scale in zip(student_qk, teacher_qk, student_scales, teacher_scales):
-            # Under autocast the teacher may have run in another precision than the student did.
-            if q_t.dtype != q.dtype:
-                q_t, k_t = q_t.to(q.dtype), k_t.to(q.dtype)
-            problems.append((q, k, q_t, k_t, scale, teacher_scale))
+            teacher = self.teacher_qk(x, *forward_args, **dict(forward_kwargs or {}))
+        problems = block_problems(capture, teacher, self.layers)
         if type(self).layer_penalties is not AttentionDistiller.layer_penalties:
             # A subclass with penalties of its own (PooledAttentionDistiller) takes the problems alone.
             return self.alpha * self.layer_penalties(problems).mean()
-        given = known_lse(self.temperature, problems, student_lse, teacher.lse)
+        given = known_lse(self.temperature, problems, capture.lse, teacher.lse)
         return self.alpha * self.layer_penalties(problems, given).mean()
 
     def layer_penalties(
-        self,
-        problems: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Any, Any]],
-        lse: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
+        self, problems: Sequence[Problem], lse: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
     ) -> torch.Tensor:
         """One unweighted penalty per distilled block: the mean KL over its query rows.
-
-        Blocks of one shape and dtype (every block of a ViT) go to
-        :func:`~cl_streamkl.attention_kl_grouped`: one kernel launch for all of them and
-        one for each backward kernel. Blocks that differ are computed one by one.
 
         Args:
             problems: per block ``(q, k, q_teacher, k_teacher, scale, teacher_scale)``,
@@ -328,22 +289,9 @@ class AttentionDistiller:
                 teacher's log-sum-exps, or None (the kernels compute both).
 
         Returns:
-            (L,) float32 tensor.
+            (L,) float32 tensor (:func:`kl_per_block`: one grouped launch for blocks of one shape).
         """
-        options = {"temperature": self.temperature, "reduction": "mean", "backend": self.backend}
-        student_lse, teacher_lse = lse if lse is not None else (None, None)
-        signatures = {tuple((t.shape, t.dtype, t.device) for t in problem[:4]) for problem in problems}
-        if len(signatures) == 1:
-            return attention_kl_grouped([problem[:4] for problem in problems],
-                                        scales=[problem[4] for problem in problems],
-                                        teacher_scales=[problem[5] for problem in problems],
-                                        lse=student_lse, lse_teacher=teacher_lse, **options)
-        given = list(zip(student_lse, teacher_lse)) if lse is not None else [(None, None)] * len(problems)
-        return torch.stack([
-            attention_kl(q, k, q_t, k_t, scale=scale, teacher_scale=teacher_scale, lse=lse_s, lse_teacher=lse_t,
-                         **options)
-            for (q, k, q_t, k_t, scale, teacher_scale), (lse_s, lse_t) in zip(problems, given)
-        ])
+        return kl_per_block(problems, lse, self.temperature, self.backend)
 
     def _require_teacher(self) -> nn.Module:
         if self._teacher is None:

@@ -2,13 +2,15 @@
 
 Each callback does one thing:
 
-* ``before_training``: validate the model against the layer selection and rebuild a
-  teacher restored by :meth:`StreamKLPlugin.load_state_dict`;
-* ``before_forward``: run the teacher on ``strategy.mb_x`` (first, so its GPU work
-  overlaps the student's launch-bound forward) and hook the student's attention;
+* ``before_training``: validate the model against the layer selection and the way the
+  strategy calls it, and rebuild a teacher restored by :meth:`StreamKLPlugin.load_state_dict`;
+* ``before_forward``: run the teacher on ``strategy.mb_x`` as ``avalanche_forward`` runs the
+  model (with the task labels for a ``MultiTaskModule``; first, so its GPU work overlaps the
+  student's launch-bound forward) and hook the student's attention;
 * ``after_forward``: unhook, so the student runs once and its Q/K keep their graph;
-* ``before_backward``: add the penalty to ``strategy.loss``;
-* ``after_training_exp``: snapshot the model as the next teacher.
+* ``before_backward``: add the penalty to ``strategy.loss`` and note its share of that loss;
+* ``after_training_exp``: warn once if the penalty stayed below :data:`QUIET_SHARE` of the
+  loss through the experience; snapshot the model as the next teacher.
 
 The strategy's model may be wrapped in ``DistributedDataParallel`` (a data-parallel run):
 the student's forward runs through the wrapper, the Q/K are captured in the wrapped
@@ -28,26 +30,38 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
+from avalanche.models.utils import is_multi_task_module
 from avalanche.training.plugins import SupervisedPlugin
 from torch import nn
 
 from cl_streamkl.capture import LayerSpec, QKCapture, TeacherQK
+from cl_streamkl.distributed import unwrap_data_parallel
 from cl_streamkl.strategies.distiller import AttentionDistiller
 from cl_streamkl.strategies.pooled_attention import PooledAttentionDistiller
+from cl_streamkl.strategies.teacher_forward import check_forward_call
 
 if TYPE_CHECKING:
     from avalanche.training.templates import SupervisedTemplate
 
-__all__ = ["AttentionDistillationPlugin", "PADPlugin", "StreamKLPlugin"]
+__all__ = ["QUIET_SHARE", "AttentionDistillationPlugin", "PADPlugin", "StreamKLPlugin"]
+
+# Below this share of the loss through a whole experience, the penalty is reported as too weak to matter.
+QUIET_SHARE = 0.01
 
 
 def _version(minibatch: object) -> int:
     """A tensor's in-place version counter (0 for inputs that are not tensors)."""
     return getattr(minibatch, "_version", 0)
+
+
+def _forward_args(strategy: SupervisedTemplate) -> tuple:
+    """The arguments after ``mb_x`` that ``avalanche_forward`` gives the strategy's model."""
+    return (strategy.mb_task_id,) if is_multi_task_module(strategy.model) else ()
 
 
 class AttentionDistillationPlugin(SupervisedPlugin, supports_distributed=True):
@@ -75,6 +89,10 @@ class AttentionDistillationPlugin(SupervisedPlugin, supports_distributed=True):
         # minibatch's in-place version counter.
         self._teacher_run: tuple[TeacherQK, object, int] | None = None
         self._last_penalty: torch.Tensor | float = 0.0
+        self._last_share: torch.Tensor | float = 0.0
+        # The largest share of this experience so far (None: no penalty computed yet).
+        self._top_share: torch.Tensor | None = None
+        self._warned = False
 
     @property
     def teacher(self) -> nn.Module | None:
@@ -84,12 +102,21 @@ class AttentionDistillationPlugin(SupervisedPlugin, supports_distributed=True):
     @property
     def last_penalty(self) -> float:
         """The penalty of the last training iteration (0.0 while there is no teacher)."""
-        value = self._last_penalty
         # Kept as a tensor until read so training does not sync the device every step.
-        if isinstance(value, torch.Tensor):
-            value = float(value)
-            self._last_penalty = value
-        return value
+        if isinstance(self._last_penalty, torch.Tensor):
+            self._last_penalty = float(self._last_penalty)
+        return self._last_penalty
+
+    @property
+    def last_share(self) -> float:
+        """The last penalty over the loss it was added to (0.0 while there is no teacher).
+
+        That loss is the strategy's criterion plus whatever plugins listed before this one
+        added (LwF, EWC), as ``strategy.loss`` holds it when this plugin adds its penalty.
+        """
+        if isinstance(self._last_share, torch.Tensor):
+            self._last_share = float(self._last_share)
+        return self._last_share
 
     def check_model(self, model: nn.Module) -> list[int]:
         """Raise now if ``model`` cannot be distilled; return the selected block indices."""
@@ -97,6 +124,12 @@ class AttentionDistillationPlugin(SupervisedPlugin, supports_distributed=True):
 
     def before_training(self, strategy: SupervisedTemplate, *args: Any, **kwargs: Any) -> None:
         self.distiller.attach(strategy.model)
+        # The teacher is called as avalanche_forward calls the model: refuse a model it cannot be, now.
+        task_labels = (None,) if is_multi_task_module(strategy.model) else ()
+        check_forward_call(unwrap_data_parallel(strategy.model), task_labels)
+
+    def before_training_exp(self, strategy: SupervisedTemplate, *args: Any, **kwargs: Any) -> None:
+        self._top_share = None
 
     def before_forward(self, strategy: SupervisedTemplate, *args: Any, **kwargs: Any) -> None:
         self._close_capture()
@@ -104,7 +137,8 @@ class AttentionDistillationPlugin(SupervisedPlugin, supports_distributed=True):
             if self.distiller.alpha > 0.0:
                 # Teacher first: its queued GPU work keeps the device busy while the host
                 # issues the student's (launch-bound) forward.
-                self._teacher_run = (self.distiller.teacher_qk(strategy.mb_x), strategy.mb_x, _version(strategy.mb_x))
+                teacher = self.distiller.teacher_qk(strategy.mb_x, *_forward_args(strategy))
+                self._teacher_run = (teacher, strategy.mb_x, _version(strategy.mb_x))
             self._capture = self.distiller.student_capture(strategy.model)
             self._capture.__enter__()
 
@@ -115,7 +149,7 @@ class AttentionDistillationPlugin(SupervisedPlugin, supports_distributed=True):
     def before_backward(self, strategy: SupervisedTemplate, *args: Any, **kwargs: Any) -> None:
         capture = self._capture
         if capture is None:
-            self._last_penalty = 0.0
+            self._last_penalty = self._last_share = 0.0
             return
         self._capture = None
         teacher, ran_on, version = self._teacher_run or (None, None, 0)
@@ -124,18 +158,37 @@ class AttentionDistillationPlugin(SupervisedPlugin, supports_distributed=True):
             # Another plugin replaced or edited the minibatch after our before_forward:
             # the teacher must see what the student saw, so penalty() runs it again.
             teacher = None
-        penalty = self.distiller.penalty(strategy.mb_x, capture.qk, student_scales=capture.scales, teacher=teacher,
-                                         student_lse=capture.lse)
+        penalty = self.distiller.penalty(strategy.mb_x, capture, teacher=teacher, forward_args=_forward_args(strategy))
         capture.clear()
-        strategy.loss += penalty
         self._last_penalty = penalty.detach()
+        if self.distiller.alpha > 0.0:
+            # Before the addition, which changes strategy.loss in place.
+            loss = strategy.loss.detach().abs().clamp_min(torch.finfo(torch.float32).tiny)
+            self._last_share = self._last_penalty / loss
+            top = self._top_share
+            self._top_share = self._last_share if top is None else torch.maximum(top, self._last_share)
+        strategy.loss += penalty
 
     def after_training_iteration(self, strategy: SupervisedTemplate, *args: Any, **kwargs: Any) -> None:
         self._close_capture()
 
     def after_training_exp(self, strategy: SupervisedTemplate, *args: Any, **kwargs: Any) -> None:
         self._close_capture()
+        self._warn_if_quiet(strategy)
         self.distiller.update_teacher(strategy.model)
+
+    def _warn_if_quiet(self, strategy: SupervisedTemplate) -> None:
+        """Warn (once per plugin) when alpha × penalty stayed below QUIET_SHARE of the loss all experience."""
+        top, self._top_share = self._top_share, None
+        if self._warned or top is None or float(top) >= QUIET_SHARE:
+            return
+        self._warned = True
+        experience = getattr(getattr(strategy, "experience", None), "current_experience", "?")
+        warnings.warn(
+            f"{type(self).__name__}: alpha × penalty stayed below {QUIET_SHARE:.0%} of the loss through experience "
+            f"{experience} (at most {float(top):.2e} of it) with alpha={self.distiller.alpha:g}: if forgetting "
+            "stays as without the plugin, raise alpha (docs/plugins.md, How to choose alpha)",
+            RuntimeWarning, stacklevel=2)
 
     def after_training(self, strategy: SupervisedTemplate, *args: Any, **kwargs: Any) -> None:
         self._close_capture()
@@ -177,7 +230,7 @@ class AttentionDistillationPlugin(SupervisedPlugin, supports_distributed=True):
             raise ValueError(f"state is not a {type(self).__name__} state (format {state.get('format')!r})")
         self._close_capture()
         self.distiller.load_state_dict(state["distiller"])
-        self._last_penalty = 0.0
+        self._last_penalty = self._last_share = 0.0
 
     def attach(self, model: nn.Module) -> None:
         """Validate ``model`` and rebuild a restored teacher from its structure now."""

@@ -16,7 +16,7 @@ from cl_streamkl.capture import CompiledQK, QKCapture, TeacherQK, attention_lse,
 from cl_streamkl.capture.compiled import check_compile_options
 from cl_streamkl.capture.compiled_model import is_compiled
 from cl_streamkl.strategies import AttentionDistiller, PADPlugin, StreamKLPlugin, frozen_copy
-from cl_streamkl.strategies import distiller as distiller_module
+from cl_streamkl.strategies import teacher_forward
 
 DEPTH = 3
 # Dynamo alone (no code generation): the traced program runs op by op, so results are exact.
@@ -128,8 +128,8 @@ def test_distiller_with_compiled_teacher_gives_the_eager_penalty() -> None:
                 parameter.add_(0.05 * torch.randn_like(parameter))
         with eager.student_capture(student) as capture:
             student(x)
-        expected = eager.penalty(x, capture.qk, student_scales=capture.scales)
-        got = compiled.penalty(x, capture.qk, student_scales=capture.scales)
+        expected = eager.penalty(x, capture)
+        got = compiled.penalty(x, capture)
         assert float(expected) > 0
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
         if task == 0:
@@ -145,11 +145,11 @@ def test_penalty_takes_a_teacher_run_before_the_student() -> None:
     assert isinstance(teacher, TeacherQK)
     with distiller.student_capture(student) as capture:
         student(x)
-    given = distiller.penalty(x, capture.qk, student_scales=capture.scales, teacher=teacher)
-    computed = distiller.penalty(x, capture.qk, student_scales=capture.scales)
+    given = distiller.penalty(x, capture, teacher=teacher)
+    computed = distiller.penalty(x, capture)
     torch.testing.assert_close(given, computed, rtol=0, atol=0)
     with pytest.raises(TypeError, match="teacher must be the TeacherQK"):
-        distiller.penalty(x, capture.qk, teacher=teacher.qk)
+        distiller.penalty(x, capture, teacher=teacher.qk)
 
 
 def test_plugin_runs_the_teacher_before_the_student_and_drops_it_before_backward() -> None:
@@ -242,7 +242,7 @@ def test_compile_teacher_auto_on_cuda_compiles_with_fallback_but_not_a_compile_m
     """With the device check answering CUDA: a plain teacher gets CompiledQK(fallback=True); a snapshot
     of a compile_model student (compiled already, refused by CompiledQK) and a torchvision ViT
     (nn.MultiheadAttention: no SDPA call to collect) stay eager instead of raising or warning."""
-    monkeypatch.setattr(distiller_module, "_on_cuda", lambda module: True)
+    monkeypatch.setattr(teacher_forward, "on_cuda", lambda module: True)
     distiller = AttentionDistiller(backend="torch")
     distiller.update_teacher(tiny_teacher(seed=1))
     assert isinstance(distiller._compiled_teacher, CompiledQK) and distiller._compiled_teacher.fallback

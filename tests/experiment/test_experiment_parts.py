@@ -239,12 +239,13 @@ def test_the_progress_bar_shows_a_small_penalty_in_scientific_notation():
 
     from cl_streamkl.experiment.progress import ProgressPlugin
 
-    plugin = ProgressPlugin("streamkl seed 0", 1, penalty_source=SimpleNamespace(last_penalty=1e-4))
+    plugin = ProgressPlugin("streamkl seed 0", 1, penalty_source=SimpleNamespace(last_penalty=1e-4, last_share=2e-4))
     strategy = SimpleNamespace(experience=SimpleNamespace(current_experience=0), train_epochs=1, dataloader=[0],
                                loss=torch.tensor(0.5))
     plugin.before_training_exp(strategy)
     plugin.after_backward(strategy)
     plugin.after_training_iteration(strategy)
     assert "kl=1.0e-04" in plugin._bar.postfix
+    assert "kl/loss=0.02%" in plugin._bar.postfix  # the penalty's share of the loss
     plugin.after_training_exp(strategy)
     assert plugin.penalties == [1e-4]

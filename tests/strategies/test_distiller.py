@@ -40,7 +40,7 @@ def test_penalty_and_gradients_match_float64_reference(arch: str) -> None:
 
     with distiller.student_capture(model) as cap:
         model(x)
-    penalty = distiller.penalty(x, cap.qk, student_scales=cap.scales)
+    penalty = distiller.penalty(x, cap)
     assert penalty.dim() == 0 and penalty.dtype == torch.float32 and penalty.item() > 1e-4
     weight = 0.37  # grad_output != 1
     (weight * penalty).backward()
@@ -67,7 +67,7 @@ def test_teacher_forward_stops_after_the_last_distilled_block() -> None:
     x = torch.randn(2, *IMAGE)
     with distiller.student_capture(model) as cap:
         model(x)
-    assert distiller.penalty(x, cap.qk).item() == 0.0  # teacher = student
+    assert distiller.penalty(x, cap).item() == 0.0  # teacher = student
     assert ran == []
 
 
@@ -102,7 +102,7 @@ def test_penalty_is_zero_when_alpha_is_zero() -> None:
     perturb(model)
     with distiller.student_capture(model) as cap:
         model(torch.randn(1, *IMAGE))
-    assert distiller.penalty(torch.randn(1, *IMAGE), cap.qk).item() == 0.0
+    assert distiller.penalty(torch.randn(1, *IMAGE), cap).item() == 0.0
 
 
 def test_triton_backend_matches_torch_backend_on_cpu_interpreter() -> None:
@@ -118,7 +118,7 @@ def test_triton_backend_matches_torch_backend_on_cpu_interpreter() -> None:
         distiller.update_teacher(tiny_model(seed=3))
         with distiller.student_capture(model) as cap:
             model(x)
-        values[backend] = distiller.penalty(x, cap.qk)
+        values[backend] = distiller.penalty(x, cap)
     torch.testing.assert_close(values["triton"], values["torch"], rtol=1e-4, atol=1e-6)
 
 
@@ -134,7 +134,7 @@ def test_triton_penalty_is_one_grouped_launch_per_kernel(launch_counter) -> None
     perturb(model)
     with distiller.student_capture(model) as cap:
         model(x)
-    penalty = distiller.penalty(x, cap.qk, student_scales=cap.scales)
+    penalty = distiller.penalty(x, cap)
     penalty.backward()
     # three blocks: one grouped forward, one launch of each backward kernel, nothing per block
     assert {name: n for name, n in launch_counter.counts.items() if n} == {

@@ -11,8 +11,9 @@ from strategy_helpers import IMAGE, perturb, tiny_model
 
 from cl_streamkl.capture import QKCapture, TeacherQK
 from cl_streamkl.strategies import AttentionDistiller
+from cl_streamkl.strategies import block_penalties
 from cl_streamkl.strategies import distiller as distiller_module
-from cl_streamkl.strategies.distiller import known_lse
+from cl_streamkl.strategies.block_penalties import known_lse
 
 CUDA_Q = SimpleNamespace(is_cuda=True)  # known_lse reads only where q lives
 CPU_Q = SimpleNamespace(is_cuda=False)
@@ -63,10 +64,10 @@ def test_cpu_penalty_falls_back_although_the_capture_recorded_lse(monkeypatch: p
     x, capture = captured_forward(distiller)
     assert all(lse is not None for lse in capture.lse)  # the CPU's flash backend saved them
     seen = []
-    grouped = distiller_module.attention_kl_grouped
-    monkeypatch.setattr(distiller_module, "attention_kl_grouped",
+    grouped = block_penalties.attention_kl_grouped
+    monkeypatch.setattr(block_penalties, "attention_kl_grouped",
                         lambda *args, **kwargs: seen.append(kwargs) or grouped(*args, **kwargs))
-    distiller.penalty(x, capture.qk, student_scales=capture.scales, student_lse=capture.lse)
+    distiller.penalty(x, capture)
     assert seen[0]["lse"] is None and seen[0]["lse_teacher"] is None
 
 
@@ -91,8 +92,7 @@ def test_penalty_with_the_recorded_lse_equals_the_penalty_without(backend: str, 
                                 lambda temperature, problems, student, teacher: (list(student), list(teacher)))
         with distiller.student_capture(model) as capture:
             model(x)
-        penalty = distiller.penalty(x, capture.qk, student_scales=capture.scales, teacher=teacher,
-                                    student_lse=capture.lse)
+        penalty = distiller.penalty(x, capture, teacher=teacher)
         penalty.backward()
         results.append((penalty.detach(), model.blocks[0].attn.qkv.weight.grad.clone()))
     (value, grad), (value_lse, grad_lse) = results
@@ -110,4 +110,4 @@ def test_a_subclass_with_its_own_layer_penalties_gets_the_problems_alone(monkeyp
     monkeypatch.setattr(distiller_module, "known_lse", lambda *args: pytest.fail("asked for log-sum-exps"))
     distiller = Counting(layers="all", backend="torch")
     x, capture = captured_forward(distiller)
-    assert distiller.penalty(x, capture.qk, student_scales=capture.scales, student_lse=capture.lse).item() == 0.0
+    assert distiller.penalty(x, capture).item() == 0.0
