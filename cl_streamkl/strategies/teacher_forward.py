@@ -25,12 +25,14 @@ __all__ = ["attention_heads", "auto_compiles", "check_forward_call", "eager_teac
 
 
 def attention_heads(model: nn.Module) -> list[int | None]:
-    """Heads of each block's attention module (``None`` where the module has no ``num_heads``).
+    """Heads of each block's attention module (``None`` where it has neither ``num_heads`` nor, as
+    Hugging Face's have, ``num_attention_heads``).
 
     Q/K projections of the same shape split into another number of heads give other
     attention maps, so a saved teacher is only restored into a model with these counts.
     """
-    heads = [getattr(module, "num_heads", None) for module in find_attention_modules(model)]
+    heads = [getattr(module, "num_heads", None) or getattr(module, "num_attention_heads", None)
+             for module in find_attention_modules(model)]
     return [head if isinstance(head, int) and not isinstance(head, bool) else None for head in heads]
 
 

@@ -18,7 +18,7 @@ from cl_streamkl.capture import CompiledQK, QKCapture, find_attention_modules, r
 from cl_streamkl.capture import extractors  # noqa: E402
 from cl_streamkl.capture.compiled import eager_teacher_qk  # noqa: E402
 from cl_streamkl.strategies import AttentionDistiller, frozen_copy  # noqa: E402
-from cl_streamkl.strategies import distiller as distiller_module  # noqa: E402
+from cl_streamkl.strategies import teacher_forward  # noqa: E402
 
 TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, image_size=32,
             patch_size=8)
@@ -218,7 +218,7 @@ def test_compiled_teacher_of_an_eager_attention_model_is_refused_when_built_or_r
 
 
 def test_distillers_compiled_teacher_of_an_eager_attention_model(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(distiller_module, "_on_cuda", lambda _module: True)  # where "auto" compiles
+    monkeypatch.setattr(teacher_forward, "on_cuda", lambda _module: True)  # where "auto" compiles
     model, x = tiny_model("vit", "eager"), images()
     with pytest.warns(RuntimeWarning, match="attn_implementation='eager'"):
         auto = AttentionDistiller(compile_teacher="auto")
@@ -299,3 +299,9 @@ def test_a_user_extractor_for_a_hf_class_is_kept(monkeypatch: pytest.MonkeyPatch
     with QKCapture(model):
         model(pixel_values=images())
     assert len(calls) == 2
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_a_saved_teacher_knows_the_models_heads(family: str) -> None:
+    """The heads a saved teacher is checked against on restore come from ``num_attention_heads`` here."""
+    assert teacher_forward.attention_heads(tiny_model(family, "sdpa")) == [2, 2]
