@@ -28,7 +28,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from cl_streamkl.distributed.data_parallel import DIST_TIMEOUT_S
 from cl_streamkl.distributed.lost_peers import LostPeerError
-from cl_streamkl.experiment.config import LOGGERS, ExperimentConfig, Flag, describe_model, flag_name, flags
+from cl_streamkl.experiment.config import (
+    DEPRECATED_OPTIONS, LOGGERS, ExperimentConfig, Flag, describe_model, flag_name, flags,
+)
 from cl_streamkl.experiment.config_checks import suggest
 from cl_streamkl.experiment.data.errors import DataError
 from cl_streamkl.experiment.files import OutputWriteError
@@ -137,6 +139,22 @@ def _add_setting(group: argparse._ArgumentGroup, field: dataclasses.Field, flag:
     shown = flag.default_help if flag.default_help is not None else _shown(default)
     kwargs["help"] = flag.help + (f" (default: {shown})" if shown else "")
     group.add_argument(flag_name(field.name), **kwargs)
+    for old_name in (old for old, name in DEPRECATED_OPTIONS.items() if name == field.name):
+        group.add_argument(old_name, **{**kwargs, "help": argparse.SUPPRESS, "action": _DeprecatedOption,
+                                        "replacement": flag_name(field.name)})
+
+
+class _DeprecatedOption(argparse.Action):
+    """An option's earlier name: sets what its replacement sets, and warns once it is used."""
+
+    def __init__(self, option_strings: list[str], dest: str, replacement: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.replacement = replacement
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        _print_warning(f"{option_string} is deprecated and will be removed; use {self.replacement}")
+        setattr(namespace, self.dest, values)
 
 
 def build_parser(defaults: ExperimentConfig | None = None) -> argparse.ArgumentParser:

@@ -55,6 +55,11 @@ LR_SCHEDULES = ("constant", "cosine")
 FINGERPRINT_EXCLUDED = ("out", "data_root", "download", "strategies", "seeds", "compile_layers", "compile_model")
 # Keys configuration files of earlier versions used: old key → field.
 RENAMED_KEYS = {"n_experiences": "experiences"}
+# Fields whose option is not named after them: StreamKL's own, named like the baselines' (--lwf-alpha).
+# Configuration files and study plans take either name as a key.
+OPTION_NAMES = {"alpha": "streamkl_alpha", "temperature": "streamkl_temperature", "layers": "streamkl_layers"}
+# The options' earlier names, still accepted with a warning: old option → field.
+DEPRECATED_OPTIONS = {"--alpha": "alpha", "--temperature": "temperature", "--layers": "layers"}
 
 Layers = str | int | list[int]
 
@@ -231,9 +236,9 @@ class ExperimentConfig:
                                     "torch.compile (faster steps after a one-off compile)")
     pad_alpha: float = setting(1.0, "StreamKL and baselines", "weight of pooled attention distillation, "
                                "strategy pad", bound="non-negative")
-    pad_variant: str = setting("symmetric", "StreamKL and baselines", "PAD's variant: symmetric, or asymmetric "
-                               "(only attention taken away from where the teacher looked costs; the authors' "
-                               "headline runs)", choices=PAD_VARIANTS)
+    pad_variant: str = setting("asymmetric", "StreamKL and baselines", "PAD's variant: asymmetric, as the authors "
+                               "run it (only attention taken away from where the teacher looked costs), or "
+                               "symmetric (attention moving anywhere costs)", choices=PAD_VARIANTS)
     lwf_alpha: float = setting(1.0, "StreamKL and baselines", "LwF weight", bound="non-negative")
     lwf_temperature: float = setting(2.0, "StreamKL and baselines", "LwF softmax temperature", bound="positive")
     ewc_lambda: float = setting(100.0, "StreamKL and baselines", "EWC weight", bound="non-negative")
@@ -341,17 +346,19 @@ class ExperimentConfig:
     def from_dict(cls, data: dict[str, Any]) -> ExperimentConfig:
         """Inverse of :meth:`to_dict`, types checked.
 
-        Keys are field names, ``-`` allowed for ``_`` (the flags' spelling); the keys of
-        :data:`RENAMED_KEYS` are read as their new names.
+        Keys are field names or their options' names (:data:`OPTION_NAMES`), ``-`` allowed
+        for ``_`` (the flags' spelling); the keys of :data:`RENAMED_KEYS` are read as their
+        new names.
 
         Raises:
             ValueError: an unknown key (with the closest names), a key given twice, or
                 a value of the wrong type.
         """
         names = [f.name for f in dataclasses.fields(cls)]
+        aliases = {**RENAMED_KEYS, **{option: name for name, option in OPTION_NAMES.items()}}
         fields: dict[str, Any] = {}
         for key, value in data.items():
-            name = RENAMED_KEYS.get(str(key).replace("-", "_"), str(key).replace("-", "_"))
+            name = aliases.get(str(key).replace("-", "_"), str(key).replace("-", "_"))
             if name not in names:
                 raise ValueError(f"unknown key {key!r}{suggest(str(key).replace('-', '_'), names)}")
             if name in fields:
@@ -376,8 +383,8 @@ def flags() -> list[tuple[dataclasses.Field, Flag]]:
 
 
 def flag_name(field_name: str) -> str:
-    """``experiences`` → ``--experiences``; ``batch_size`` → ``--batch-size``."""
-    return "--" + field_name.replace("_", "-")
+    """``experiences`` → ``--experiences``; ``batch_size`` → ``--batch-size``; ``alpha`` → ``--streamkl-alpha``."""
+    return "--" + OPTION_NAMES.get(field_name, field_name).replace("_", "-")
 
 
 def strategy_components(name: str, scenario: str = "class") -> frozenset[str]:

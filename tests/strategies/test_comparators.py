@@ -218,11 +218,18 @@ def test_asymmetric_distance_from_queries_and_keys_pools_the_softmax_maps(stream
         pooled_attention_distance(q, k, q_t, k_t, variant="height")
 
 
+def test_pad_defaults_to_the_authors_asymmetric_variant():
+    from cl_streamkl.experiment.config import ExperimentConfig
+
+    assert PooledAttentionDistiller().variant == PADPlugin().distiller.variant == "asymmetric"
+    assert ExperimentConfig().pad_variant == "asymmetric"
+
+
 def test_pad_distiller_restores_a_state_written_before_the_variants():
-    state = PooledAttentionDistiller(alpha=2.0).state_dict()
+    state = PooledAttentionDistiller(alpha=2.0, variant="symmetric").state_dict()
     old = {**state, "format": PooledAttentionDistiller.previous_state_format,
            "config": {"alpha": 2.0, "layers": "all"}}
-    PooledAttentionDistiller(alpha=2.0).load_state_dict(old)
+    PooledAttentionDistiller(alpha=2.0, variant="symmetric").load_state_dict(old)
     with pytest.raises(ValueError, match="variant"):
         PooledAttentionDistiller(alpha=2.0, variant="asymmetric").load_state_dict(old)
     with pytest.raises(ValueError, match="variant must be one of"):
