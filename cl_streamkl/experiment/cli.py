@@ -62,7 +62,7 @@ examples:
   cl-streamkl run --config runs/20250101-120000/config.json --seeds 3 4   # same settings, other seeds
   cl-streamkl run --config settings.yaml             # settings as YAML or JSON, keys named as the flags
   cl-streamkl run --strategies joint naive streamkl --log tensorboard csv
-  torchrun --nproc_per_node 4 -m cl_streamkl run --device cuda --batch-size 256   # data-parallel, 4 GPUs
+  torchrun --nproc_per_node 4 -m cl_streamkl run --scenario class --device cuda --batch-size 256   # 4 GPUs
 
 The first example is the main job: about two minutes on a 2-core CPU (README.md, "Set up").
 StreamKL's plugin (StreamKLPlugin) defaults to alpha 1 and temperature 1; this command's
