@@ -35,6 +35,7 @@ from cl_streamkl.experiment.config_checks import suggest
 from cl_streamkl.experiment.data.errors import DataError
 from cl_streamkl.experiment.files import OutputWriteError
 from cl_streamkl.experiment.interrupts import exit_status, sigterm_raises, stopped_by
+from cl_streamkl.experiment.option_aliases import DeprecatedOption
 from cl_streamkl.experiment.run_folder import after_lost_peer, claimed_folder, continue_with, refuse_used_folder
 from cl_streamkl.kernels.config import get_kernel_options
 
@@ -142,21 +143,8 @@ def _add_setting(group: argparse._ArgumentGroup, field: dataclasses.Field, flag:
     kwargs["help"] = flag.help + (f" (default: {shown})" if shown else "")
     group.add_argument(flag_name(field.name), **kwargs)
     for old_name in (old for old, name in DEPRECATED_OPTIONS.items() if name == field.name):
-        group.add_argument(old_name, **{**kwargs, "help": argparse.SUPPRESS, "action": _DeprecatedOption,
-                                        "replacement": flag_name(field.name)})
-
-
-class _DeprecatedOption(argparse.Action):
-    """An option's earlier name: sets what its replacement sets, and warns once it is used."""
-
-    def __init__(self, option_strings: list[str], dest: str, replacement: str, **kwargs: Any) -> None:
-        super().__init__(option_strings, dest, **kwargs)
-        self.replacement = replacement
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
-        _print_warning(f"{option_string} is deprecated and will be removed; use {self.replacement}")
-        setattr(namespace, self.dest, values)
+        group.add_argument(old_name, **{**kwargs, "help": argparse.SUPPRESS, "action": DeprecatedOption,
+                                        "replacement": flag_name(field.name), "warn": _print_warning})
 
 
 def build_parser(defaults: ExperimentConfig | None = None) -> argparse.ArgumentParser:
