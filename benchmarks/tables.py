@@ -14,8 +14,9 @@ rows). The exploratory efficacy study's tables draw on its reports side by side 
 ``efficacy/task-penalty`` (each distilling unit's mean penalty), ``efficacy/<scenario>``,
 ``efficacy/<scenario>-paired`` and ``efficacy/<scenario>-tuning``. A study report
 (``cl-streamkl study --json``, e.g. ``confirm-1025.json``) has the views ``hypotheses``,
-``verdicts``, ``<scenario>`` and ``<scenario>-paired``. Under each table a line names the file
-it comes from, the GPU, versions, commit and date.
+``verdicts``, ``<scenario>``, ``<scenario>-paired`` and ``<scenario>-forgetting`` (one sentence:
+each strategy's mean forgetting, for prose that quotes it). Under each table a line names the
+file it comes from, the GPU, versions, commit and date.
 
 A table file holds ``title``, ``gpu``, ``torch``, ``triton`` and where known ``python``,
 ``timm``, ``avalanche``, ``commit`` (or a ``commit`` column), ``date`` and ``command``;
@@ -129,12 +130,14 @@ def _efficacy(view: str, document: Path, results: Path) -> list[str]:
 
 def _study(report: dict[str, Any], view: str, source: str) -> list[str]:
     """A study report's views: ``hypotheses``, ``verdicts`` (one sentence per primary hypothesis),
-    ``<scenario>`` (mean ± std per strategy) and ``<scenario>-paired``."""
+    ``<scenario>`` (mean ± std per strategy), ``<scenario>-paired`` and ``<scenario>-forgetting``."""
     scenario, _, kind = view.partition("-")
     if view == "hypotheses":
         lines = study_tables.hypotheses_table(report)
     elif view == "verdicts":
         lines = study_tables.verdict_lines(report)
+    elif scenario in report["scenarios"] and kind == "forgetting":
+        lines = [forgetting_sentence(report, scenario)]
     elif scenario in report["scenarios"] and kind in ("", "paired"):
         lines = (study_tables.paired_table([report], scenario) if kind else
                  study_tables.strategy_table([report], scenario))
@@ -143,6 +146,18 @@ def _study(report: dict[str, Any], view: str, source: str) -> list[str]:
     environment = report["environment"]
     return lines + ["", f"Source: {source} ({environment['device']}, torch {environment['torch']}, triton "
                         f"{environment['triton']}, {study_tables.executions(report)}, {report['date']})."]
+
+
+def forgetting_sentence(report: dict[str, Any], scenario: str) -> str:
+    """One sentence: each tested strategy's mean forgetting in ``scenario``, lowest first."""
+    table = study_tables.part_of(report, scenario)["table"]
+    if not table:
+        raise ValueError(f"study report: no test runs in scenario {scenario!r}")
+    ranked = sorted(table.items(), key=lambda item: item[1]["forgetting"][0])
+    seeds = len(ranked[0][1]["seeds"])
+    means = ", ".join(f"{label} {row['forgetting'][0]:.1f} %" for label, row in ranked)
+    return (f"Forgetting in the {scenario} scenario at {report['settings']['tokens']} tokens, mean over {seeds} "
+            f"seeds, lowest first: {means}.")
 
 
 def _efficacy_view(view: str) -> bool:

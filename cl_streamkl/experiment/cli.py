@@ -28,11 +28,14 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from cl_streamkl.distributed.data_parallel import DIST_TIMEOUT_S
 from cl_streamkl.distributed.lost_peers import LostPeerError
-from cl_streamkl.experiment.config import LOGGERS, ExperimentConfig, Flag, describe_model, flag_name, flags
+from cl_streamkl.experiment.config import (
+    DEPRECATED_OPTIONS, LOGGERS, ExperimentConfig, Flag, describe_model, flag_name, flags,
+)
 from cl_streamkl.experiment.config_checks import suggest
 from cl_streamkl.experiment.data.errors import DataError
 from cl_streamkl.experiment.files import OutputWriteError
 from cl_streamkl.experiment.interrupts import exit_status, sigterm_raises, stopped_by
+from cl_streamkl.experiment.option_aliases import DeprecatedOption
 from cl_streamkl.experiment.run_folder import after_lost_peer, claimed_folder, continue_with, refuse_used_folder
 from cl_streamkl.kernels.config import get_kernel_options
 
@@ -47,11 +50,11 @@ shift) streams."""
 
 _EXAMPLES = """\
 examples:
-  cl-streamkl run                                    # Split-Digits, offline, a few minutes on a CPU
-  cl-streamkl run --seeds 0 1 2                      # mean ± std over three seeds
-  cl-streamkl run --strategies naive replay replay+streamkl --alpha 2 --layers 2
+  cl-streamkl run                                    # task-incremental Split-Digits, 3 seeds, offline on the CPU
+  cl-streamkl run --seeds 0 1 2 3 4                  # mean ± std and paired intervals over five seeds
+  cl-streamkl run --scenario class --strategies naive replay replay+streamkl --streamkl-alpha 2 --streamkl-layers 2
   cl-streamkl run --scenario domain --dataset mnist5k   # rotated MNIST digits, one shared head
-  cl-streamkl run --scenario task --first-experience-classes 6 --experiences 3
+  cl-streamkl run --scenario class --first-experience-classes 4 --experiences 4
   cl-streamkl run --dataset cifar100 --data-root ~/data --image-size 128 --patch-size 4 \\
       --model vit_small_patch16_224 --pretrained-file vit_small.pth --device cuda --amp bf16
   cl-streamkl run --dataset cluttered-mnist --patch-size 4 --stem conv --lr-schedule cosine --epochs 30 \\
@@ -60,11 +63,13 @@ examples:
   cl-streamkl run --config runs/20250101-120000/config.json --seeds 3 4   # same settings, other seeds
   cl-streamkl run --config settings.yaml             # settings as YAML or JSON, keys named as the flags
   cl-streamkl run --strategies joint naive streamkl --log tensorboard csv
-  torchrun --nproc_per_node 4 -m cl_streamkl run --device cuda --batch-size 256   # data-parallel, 4 GPUs
+  torchrun --nproc_per_node 4 -m cl_streamkl run --scenario class --device cuda --batch-size 256   # 4 GPUs
 
+The first example is the main job: about two minutes on a 2-core CPU (README.md, "Set up").
 StreamKL's plugin (StreamKLPlugin) defaults to alpha 1 and temperature 1; this command's
---alpha 10 was chosen on Split-Digits' validation split, and its --temperature 1 is the
-plugin's and the efficacy study's choice (the kernels then reuse the models' log-sum-exps).
+--streamkl-alpha 100 is the weight the efficacy study chose in the task scenario, and its
+--streamkl-temperature 1 the plugin's and the study's choice (the kernels then reuse the models'
+log-sum-exps). --alpha, --temperature and --layers, the earlier names, still work with a warning.
 """
 
 
@@ -137,6 +142,9 @@ def _add_setting(group: argparse._ArgumentGroup, field: dataclasses.Field, flag:
     shown = flag.default_help if flag.default_help is not None else _shown(default)
     kwargs["help"] = flag.help + (f" (default: {shown})" if shown else "")
     group.add_argument(flag_name(field.name), **kwargs)
+    for old_name in (old for old, name in DEPRECATED_OPTIONS.items() if name == field.name):
+        group.add_argument(old_name, **{**kwargs, "help": argparse.SUPPRESS, "action": DeprecatedOption,
+                                        "replacement": flag_name(field.name), "warn": _print_warning})
 
 
 def build_parser(defaults: ExperimentConfig | None = None) -> argparse.ArgumentParser:

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from cl_streamkl.experiment.findings import findings
 from cl_streamkl.experiment.run_result import RunResult
 from cl_streamkl.experiment.statistics import format_paired, mean_std
 
@@ -130,7 +131,9 @@ def summary_text(title: str, summary: dict[str, dict[str, Any]], paired: Sequenc
         paired: :func:`~cl_streamkl.experiment.statistics.paired_comparisons` of the runs (fractions).
         scenario: the runs' scenario (names the accuracy column).
     """
-    lines = [_heading(title, summary), "", format_table(summary, scenario)]
+    shown = findings(summary, paired)
+    lines = [_heading(title, summary), *(["", "What this run shows:", *(f"- {line}" for line in shown)] if shown else []),
+             "", format_table(summary, scenario)]
     if paired:
         lines += ["", "paired differences over seeds (strategy - baseline, percentage points):", format_paired(paired)]
     return "\n".join(lines)
@@ -139,7 +142,9 @@ def summary_text(title: str, summary: dict[str, dict[str, Any]], paired: Sequenc
 def summary_markdown(title: str, summary: dict[str, dict[str, Any]], paired: Sequence[dict[str, Any]],
                      scenario: str = "class") -> str:
     """``summary.md``: :func:`summary_text`'s table and paired differences, with their units named."""
-    lines = [f"# {_heading(title, summary)}", "", UNITS_NOTE, "", "```text", format_table(summary, scenario), "```"]
+    shown = findings(summary, paired)
+    lines = [f"# {_heading(title, summary)}", "", *(f"- {line}" for line in shown), *([""] if shown else []),
+             UNITS_NOTE, "", "```text", format_table(summary, scenario), "```"]
     if paired:
         lines += ["", "## Paired differences over seeds", "", "```text", format_paired(paired), "```"]
     return "\n".join(lines) + "\n"

@@ -302,7 +302,7 @@ class PADPlugin(AttentionDistillationPlugin, supports_distributed=True):
 
     def __init__(self, alpha: float = 1.0, layers: LayerSpec = "all",
                  compile_teacher: bool | str | Mapping[str, Any] = "auto", streaming: bool | str = "auto",
-                 variant: str = "symmetric") -> None:
+                 variant: str = "asymmetric") -> None:
         super().__init__(PooledAttentionDistiller(alpha=alpha, layers=layers, compile_teacher=compile_teacher,
                                                   streaming=streaming, variant=variant))
 

@@ -82,7 +82,7 @@ def _distance(teacher: torch.Tensor, student: torch.Tensor, variant: str) -> tor
 
 
 def pooled_maps_distance(teacher_maps: torch.Tensor, student_maps: torch.Tensor,
-                         variant: str = "symmetric") -> torch.Tensor:
+                         variant: str = "asymmetric") -> torch.Tensor:
     """PAD between two materialised attention maps of one block.
 
     Args:
@@ -123,7 +123,7 @@ def pooled_attention_distance(
     scale: float | None = None,
     teacher_scale: float | None = None,
     streaming: bool | str = "auto",
-    variant: str = "symmetric",
+    variant: str = "asymmetric",
 ) -> torch.Tensor:
     """PAD between the teacher's and the student's attention of one block.
 
@@ -194,7 +194,7 @@ class PooledAttentionDistiller(AttentionDistiller):
 
     def __init__(self, alpha: float = 1.0, layers: LayerSpec = "all",
                  compile_teacher: bool | str | Mapping[str, Any] = "auto", streaming: bool | str = "auto",
-                 variant: str = "symmetric") -> None:
+                 variant: str = "asymmetric") -> None:
         super().__init__(alpha=alpha, layers=layers, compile_teacher=compile_teacher)
         self.streaming = _check_streaming(streaming)
         self.variant = _check_variant(variant)

@@ -57,7 +57,7 @@ RUN_DEADLINE_S = 180
 # batch holds one image, so rank 1 takes a step on a zero-weight sample there.
 TINY = ["--model-kwargs", "depth=1", "embed_dim=16", "num_heads=2", "--image-size", "8", "--patch-size", "4",
         "--epochs", "1", "--batch-size", "64", "--experiences", "5", "--strategies", "naive", "streamkl",
-        "--device", "cpu", "--no-progress"]
+        "--device", "cpu", "--no-progress", "--scenario", "class", "--seeds", "0"]
 # Tolerances of two processes against one. Each rank's forward sees half the batch and DDP
 # sums the two halves' float32 gradients, so every weight differs from the one-process run
 # by rounding: the penalties, means of per-row KLs of nearly equal float32 attention scores
@@ -267,7 +267,7 @@ def test_the_cli_reports_a_half_set_environment(monkeypatch, capsys, tmp_path):
     ({"scenario": "task", "strategies": ["naive", "lwf+streamkl"]}, [],
      "strategy 'lwf\\+streamkl' cannot run data-parallel in the task scenario: lwf's penalty"),
     ({"scenario": "task", "strategies": ["ewc"]}, [], "'ewc' cannot run data-parallel in the task scenario"),
-    ({"batch_size": 1}, [], "--batch-size 1 is the global batch, split over 2 processes: it must be at least 2"),
+    ({"batch_size": 1, "scenario": "class"}, [], "--batch-size 1 is the global batch, split over 2 processes: it must be at least 2"),
 ])
 def test_what_data_parallel_runs_refuse(settings, loggers, message):
     config = ExperimentConfig(**settings).resolved()
@@ -277,7 +277,8 @@ def test_what_data_parallel_runs_refuse(settings, loggers, message):
 
 
 def test_ewc_and_lwf_run_data_parallel_outside_the_task_scenario():
-    config = ExperimentConfig(strategies=["lwf", "ewc", "replay+streamkl", "wa", "pad", "joint"]).resolved()
+    config = ExperimentConfig(scenario="class", strategies=["lwf", "ewc", "replay+streamkl", "wa", "pad", "joint"]
+                              ).resolved()
     check_data_parallel(config, [], world_size=8)
 
 

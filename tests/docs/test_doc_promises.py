@@ -68,3 +68,18 @@ def test_citation_file_is_valid_and_current():
     assert citation["version"] == __version__ == _pyproject("version").strip('"')
     assert citation["license"] == "Apache-2.0"
     assert citation["title"].startswith("cl-streamkl") and citation["authors"] and citation["message"]
+
+
+RUN_TIME = "about two minutes on a 2-core CPU"
+
+
+def test_readme_installs_from_a_clone_and_stays_an_index():
+    assert "pip install cl-streamkl" not in README and "from a clone of this repository" in README
+    assert "git clone" not in README  # there is no public address to clone from
+    assert len(README.splitlines()) <= 250
+
+
+def test_the_main_jobs_run_time_is_stated_once_and_the_same_everywhere():
+    assert README.count(RUN_TIME) == 1
+    assert RUN_TIME in " ".join(_parsers(None)[1].format_help().split())
+    assert "README.md#set-up" in CLI_DOC and not re.search(r"\d+ s measured|about a minute", CLI_DOC)

@@ -6,9 +6,11 @@ from pathlib import Path
 
 from cl_streamkl.experiment import cli
 
-# A 1-block, 16-wide ViT on 8 px digits: a run of two experiences takes seconds on a CPU.
+# A 1-block, 16-wide ViT on 8 px digits, one seed of the class scenario: a run of two experiences
+# takes seconds on a CPU.
 TINY = ["--model-kwargs", "depth=1", "embed_dim=16", "num_heads=2", "--image-size", "8",
-        "--patch-size", "4", "--epochs", "1", "--batch-size", "64", "--no-progress"]
+        "--patch-size", "4", "--epochs", "1", "--batch-size", "64", "--no-progress", "--scenario", "class",
+        "--seeds", "0"]
 # The smallest useful run: one strategy, two experiences.
 SMALL = [*TINY, "--strategies", "naive", "--experiences", "2"]
 

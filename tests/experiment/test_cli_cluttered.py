@@ -30,7 +30,7 @@ def test_run_on_cluttered_mnist_with_conv_stem_and_cosine_schedule(tmp_path, mon
     out, cache = tmp_path / "run", tmp_path / "cache"
     rc = cli.main(["run", "--dataset", "cluttered-mnist", "--canvas", "32", "--clutter", "2", "--stem", "conv",
                    "--patch-size", "4", "--strategies", "streamkl", "--experiences", "2", "--epochs", "2",
-                   "--lr-schedule", "cosine", "--warmup-epochs", "1", "--data-root", str(cache),
+                   "--lr-schedule", "cosine", "--warmup-epochs", "1", "--data-root", str(cache), "--seeds", "0",
                    "--out", str(out), *TINY_MODEL])
     assert rc == 0
     config = json.loads((out / "results.json").read_text())["config"]

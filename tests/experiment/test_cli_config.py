@@ -14,7 +14,7 @@ import pytest
 from cli_helpers import one_line_error
 
 from cl_streamkl.experiment import cli
-from cl_streamkl.experiment.config import ExperimentConfig, flag_name
+from cl_streamkl.experiment.config import DEPRECATED_OPTIONS, ExperimentConfig, flag_name
 from cl_streamkl.experiment.config_file import read_config_file
 
 CONTROL_OPTIONS = {"--help", "--config", "--resume", "--log", "--no-progress", "--dist-timeout"}
@@ -25,14 +25,16 @@ def test_every_field_is_its_flag_and_every_setting_flag_a_field():
     options = {o: a for a in run._actions for o in a.option_strings if o.startswith("--")}
     fields = {flag_name(f.name): f.name for f in dataclasses.fields(ExperimentConfig)}
     assert {o: options[o].dest for o in fields} == fields
-    assert set(options) - set(fields) == CONTROL_OPTIONS
+    assert {o: options[o].dest for o in DEPRECATED_OPTIONS} == DEPRECATED_OPTIONS
+    assert set(options) - set(fields) - set(DEPRECATED_OPTIONS) == CONTROL_OPTIONS
 
 
 def _sample(name: str, hint) -> tuple[object, list[str]]:
     """A value of a field's type that is not its default, and the option's words that give it."""
     flag = next(f.metadata["flag"] for f in dataclasses.fields(ExperimentConfig) if f.name == name)
     if flag.choices is not None:
-        return flag.choices[-1], [str(flag.choices[-1])]
+        choice = next(c for c in reversed(flag.choices) if c != getattr(ExperimentConfig(), name))
+        return choice, [str(choice)]
     if name == "layers":
         return [0, -1], ["0,-1"]
     if name == "model_kwargs":
@@ -175,7 +177,7 @@ def test_version_and_top_level_help(capsys):
     text = cli.build_parser().format_help()
     assert all(word in text for word in ("class-incremental", "task-incremental", "domain-incremental"))
     run_help = cli._parsers(None)[1].format_help()
-    assert "--seeds SEED [SEED ...]" in run_help and "mean ± std (default: 0)" in " ".join(run_help.split())
+    assert "--seeds SEED [SEED ...]" in run_help and "from two seeds on (default: 0 1 2)" in " ".join(run_help.split())
     assert "4-block, 64-wide" in run_help and "alpha 1 and temperature 1" in " ".join(run_help.split())
 
 

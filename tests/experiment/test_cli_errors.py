@@ -25,17 +25,17 @@ from cl_streamkl.experiment import cli, runner
         (["--dataset", "cifar10"], "needs --data-root"),
         (["--dataset", "cifar10", "--data-root", "/nonexistent/cifar"], "does not exist"),
         (["--image-size", "30", "--patch-size", "4"], "not divisible by patch size"),
-        (["--layers", "first"], "expected 'all', an integer"),
+        (["--streamkl-layers", "first"], "expected 'all', an integer"),
         (["--eval-split", "val", "--val-fraction", "0"], "val_fraction > 0"),
         (["--pretrained-file", "/nonexistent/w.pth"], "does not exist"),
         (["--strategies", "naive", "joint+lwf"], "joint trains once on every experience's data together"),
         (["--model-kwargs", "pretrained=True"], "would download weights, and nothing is downloaded here: pass a "
                                                 "local weights file with --pretrained-file"),
         # Found by building the model and running the penalty before anything is written:
-        (["--layers", "7"], "strategy 'streamkl': streamkl cannot distil vit_tiny_patch16_224: layers=7 selects"),
-        (["--layers", "0,9"], "layer index 9 is out of range for a model with 4 blocks"),
-        (["--strategies", "pad", "--layers", "0,-5"], "strategy 'pad': pad cannot distil"),
-        (["--temperature", "1e-40"], "scale / temperature"),
+        (["--streamkl-layers", "7"], "strategy 'streamkl': streamkl cannot distil vit_tiny_patch16_224: layers=7 selects"),
+        (["--streamkl-layers", "0,9"], "layer index 9 is out of range for a model with 4 blocks"),
+        (["--strategies", "pad", "--streamkl-layers", "0,-5"], "strategy 'pad': pad cannot distil"),
+        (["--streamkl-temperature", "1e-40"], "scale / temperature"),
         (["--scenario", "domain", "--experiences", "200"], "training samples for 200 domains"),
     ],
 )

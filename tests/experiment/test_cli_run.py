@@ -16,7 +16,7 @@ from cl_streamkl.experiment import cli
 
 
 def test_run_end_to_end(tmp_path, capsys):
-    rc, out = run_cli(tmp_path, "e2e", "--strategies", "naive", "lwf+streamkl", "--seeds", "0", "1")
+    rc, out = run_cli(tmp_path, "e2e", "--strategies", "naive", "lwf+streamkl", "--seeds", "0", "1", "--experiences", "5")
     printed = capsys.readouterr().out
     assert rc == 0
     # the aligned comparison table, one row per strategy, mean ± std over two seeds

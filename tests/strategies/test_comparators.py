@@ -85,14 +85,15 @@ def test_pad_matches_a_materialised_float64_reference(n, d, streaming):
     torch.manual_seed(n)
     q, k = torch.randn(2, 3, n, d, requires_grad=True), torch.randn(2, 3, n, d, requires_grad=True)
     q_t, k_t = torch.randn(2, 3, n, d), torch.randn(2, 3, n, d)
-    value = pooled_attention_distance(q, k, q_t, k_t, streaming=streaming)
+    value = pooled_attention_distance(q, k, q_t, k_t, streaming=streaming, variant="symmetric")
     expected = _pad_reference(*(t.detach().double().numpy() for t in (q, k, q_t, k_t)))
     assert value.dtype == torch.float32
     assert float(value) == pytest.approx(expected, rel=1e-4, abs=1e-6)
     value.backward()
     if n > 1:
         assert torch.isfinite(q.grad).all() and q.grad.abs().sum() > 0
-    assert float(pooled_attention_distance(q_t, k_t, q_t, k_t, streaming=streaming)) == pytest.approx(0.0, abs=1e-6)
+    assert float(pooled_attention_distance(q_t, k_t, q_t, k_t, streaming=streaming, variant="symmetric")) == (
+        pytest.approx(0.0, abs=1e-6))
 
 
 def test_streamed_pad_has_the_materialised_gradients():
@@ -218,11 +219,18 @@ def test_asymmetric_distance_from_queries_and_keys_pools_the_softmax_maps(stream
         pooled_attention_distance(q, k, q_t, k_t, variant="height")
 
 
+def test_pad_defaults_to_the_authors_asymmetric_variant():
+    from cl_streamkl.experiment.config import ExperimentConfig
+
+    assert PooledAttentionDistiller().variant == PADPlugin().distiller.variant == "asymmetric"
+    assert ExperimentConfig().pad_variant == "asymmetric"
+
+
 def test_pad_distiller_restores_a_state_written_before_the_variants():
-    state = PooledAttentionDistiller(alpha=2.0).state_dict()
+    state = PooledAttentionDistiller(alpha=2.0, variant="symmetric").state_dict()
     old = {**state, "format": PooledAttentionDistiller.previous_state_format,
            "config": {"alpha": 2.0, "layers": "all"}}
-    PooledAttentionDistiller(alpha=2.0).load_state_dict(old)
+    PooledAttentionDistiller(alpha=2.0, variant="symmetric").load_state_dict(old)
     with pytest.raises(ValueError, match="variant"):
         PooledAttentionDistiller(alpha=2.0, variant="asymmetric").load_state_dict(old)
     with pytest.raises(ValueError, match="variant must be one of"):

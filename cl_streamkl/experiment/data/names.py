@@ -15,15 +15,21 @@ DOMAIN_SHIFTS = ("rotate", "permute")
 
 @dataclass(frozen=True)
 class DatasetInfo:
-    """Defaults of one dataset: experiences, native image side, whether it reads --data-root."""
+    """Defaults of one dataset: experiences, native image side, whether it reads --data-root.
+
+    ``first_experience_classes``, where set, is the first experience's share of the classes in
+    the class and task scenarios when neither that nor the number of experiences is given.
+    """
 
     n_experiences: int
     native_size: int | None
     needs_root: bool
+    first_experience_classes: int | None = None
 
 
 DATASETS: dict[str, DatasetInfo] = {
-    "digits": DatasetInfo(n_experiences=5, native_size=8, needs_root=False),
+    # 6 classes, then 2 and 2: the first experience is large enough that forgetting it shows.
+    "digits": DatasetInfo(n_experiences=3, native_size=8, needs_root=False, first_experience_classes=6),
     "mnist5k": DatasetInfo(n_experiences=5, native_size=28, needs_root=False),
     "cifar10": DatasetInfo(n_experiences=5, native_size=32, needs_root=True),
     "cifar100": DatasetInfo(n_experiences=10, native_size=32, needs_root=True),

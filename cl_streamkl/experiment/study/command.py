@@ -47,6 +47,9 @@ from cl_streamkl.experiment.study.tables import tables_of
 PROG = "cl-streamkl study"
 PARTS = ("plan", "tune", "test", "all", "confirm")
 
+# The help's first lines, plain text (the module docstring's first line without its markup).
+_DESCRIPTION = "cl-streamkl study PLAN: tune, test and report a study that a plan file (YAML, TOML or JSON) describes."
+
 _EPILOG = """\
 examples:
   cl-streamkl study my-plan.yaml --part tune --device cuda --workers 8
@@ -73,7 +76,7 @@ class _Parser(argparse.ArgumentParser):
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The study command's options (also the ``study`` sub-command of ``cl-streamkl``)."""
-    parser.add_argument("plan", nargs="?", type=Path, metavar="PLAN", help="the plan file (YAML or TOML)")
+    parser.add_argument("plan", nargs="?", type=Path, metavar="PLAN", help="the plan file (YAML, TOML or JSON)")
     parser.add_argument("--tables", nargs="+", type=Path, metavar="REPORT",
                         help="print the tables of these reports (side by side) and exit")
     parser.add_argument("--part", choices=PARTS,
@@ -83,7 +86,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--register", action="store_true",
                         help="register a committed confirmatory plan (writes PLAN.registration.json) and exit")
     parser.add_argument("--scenarios", nargs="+", metavar="SCENARIO", help="run only these of the plan's scenarios")
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the workers train: cpu, or cuda (see --gpus) (default: %(default)s)")
     parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1),
                         help="worker processes; 0 runs every unit in this process")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker (default: %(default)s)")
@@ -114,7 +118,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = _Parser(prog=PROG, description=__doc__.split("\n\n")[0], epilog=_EPILOG,
+    parser = _Parser(prog=PROG, description=_DESCRIPTION, epilog=_EPILOG,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     return parser.parse_args(argv)

@@ -37,11 +37,16 @@ def status(report: dict[str, Any]) -> str:
 
 def _part_order(item: tuple[str, int]) -> bool:
     """Tuning before test, whatever order the units finished in."""
-    return item[0].startswith("test")
+    return item[0].startswith(PART_WORDS["test"])
+
+
+# How the source line names a unit's part and execution, in words a reader needs no glossary for.
+PART_WORDS = {"first": "shared first experiences", "tune": "validation runs", "test": "test runs"}
+MODE_WORDS = {"eager": "eager", "compile-model": "whole model compiled", "compile-layers": "layers compiled"}
 
 
 def executions(report: dict[str, Any]) -> str:
-    """Which commits ran the report's finished units, and how: ``commit `52b3055` (70 tune eager)``.
+    """Which commits ran the report's finished units, and how: ``commit `52b3055` (70 validation runs, eager)``.
 
     A study resumed over several days and machines mixes commits and compile settings; each
     unit's record names its own, and the line under a table counts them so that a reader sees
@@ -53,10 +58,11 @@ def executions(report: dict[str, Any]) -> str:
         execution = record.get("execution") or {}
         mode = ("compile-model" if execution.get("compile_model") else
                 "compile-layers" if execution.get("compile_layers") else "eager")
-        runs.setdefault(execution.get("commit"), Counter())[f"{record['unit']['part']} {mode}"] += 1
+        part = record["unit"]["part"]
+        runs.setdefault(execution.get("commit"), Counter())[f"{PART_WORDS.get(part, part)}, {MODE_WORDS[mode]}"] += 1
     return ", ".join(
         f"{'commit not recorded' if commit is None else f'commit `{commit}`'} ("
-        + ", ".join(f"{count} {what}" for what, count in sorted(counts.items(), key=_part_order)) + ")"
+        + "; ".join(f"{count} {what}" for what, count in sorted(counts.items(), key=_part_order)) + ")"
         for commit, counts in runs.items())
 
 

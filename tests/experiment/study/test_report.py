@@ -161,7 +161,7 @@ def test_the_tables_show_each_part_as_far_as_it_has_come():
     taken["scenarios"]["class"]["chosen_from"] = ["a" * 16, "b" * 16]  # settings_from a list of reports
     assert tuning_table(taken, "class") == [f"5 tokens: settings taken from plan `{'a' * 16}` and `{'b' * 16}`, "
                                             "not tuned."]
-    assert executions(report) == "commit `abc1234` (8 tune eager, 15 test eager)"
+    assert executions(report) == "commit `abc1234` (8 validation runs, eager; 15 test runs, eager)"
 
 
 def test_the_source_line_counts_units_by_commit_and_setting():
@@ -173,6 +173,6 @@ def test_the_source_line_counts_units_by_commit_and_setting():
         record("test", compiled), record("tune", None), record("tune", eager), record("test", compiled),
         record("tune", {"commit": "bbb", "compile_layers": True})])}}
     assert executions(report) == (
-        "commit `bbb` (1 tune compile-layers, 2 test compile-model), commit not recorded (1 tune eager), "
-        "commit `aaa` (1 tune eager)")
+        "commit `bbb` (1 validation runs, layers compiled; 2 test runs, whole model compiled), "
+        "commit not recorded (1 validation runs, eager), commit `aaa` (1 validation runs, eager)")
     assert executions({"records": {}}) == ""
