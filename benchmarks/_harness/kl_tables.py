@@ -8,7 +8,8 @@ columns, rows) into the documents. This module makes those files from what the s
 * ``grouped-known-lse RAW.json``: ``grouped_and_exp_gpu.py --json`` → one row per (shape, mode).
 * ``fused RAW.json``: ``bench_attention_kl.py --json`` with ``sdpa``, ``sdpa_fa2``, ``triton_lse_onepass``
   and ``triton_fused`` → one row per (shape, causal, mode); ``grouped-fused RAW.json``: the grouped
-  rows of ``grouped_and_exp_gpu.py --json`` with the fused call.
+  rows of ``grouped_and_exp_gpu.py --json`` with the fused call; ``fused-tiles RAW.json``:
+  ``fused_tiles_gpu.py --json`` → one row per (problem, tiles).
 * ``checks SOURCE...``: the lines ``check_gpu.py`` prints (``NAME fwd_err=… grad_err=… ok``; the
   commit from its header line), for runs cut short before their JSON was written, and the grouped
   checks of ``grouped_and_exp_gpu.py --json`` files, the commit in a "measured at" column.
@@ -117,7 +118,12 @@ def fused_table(raw: dict[str, Any], env: Sequence[str]) -> dict[str, Any]:
     return {"title": "bf16, both log-sum-exps given, mean KL: the gradients computed in the forward pass (fused) "
                      "against the forward then the one-pass backward, and attention (SDPA's default, cuDNN; FA2), "
                      "median ms",
-            **_provenance(raw, env), "columns": columns, "rows": rows}
+            **_provenance(raw, env), "columns": columns, "rows": rows,
+            "views": {"headline": {"columns": ["shape", "SDPA (cuDNN)", "fused", "fused vs SDPA",
+                                               "forward, then backward vs SDPA"],
+                                   "where": {"mode": ["fwd+bwd"], "shape": [_shape(f"{b}x12x{n}x64") for b, n in
+                                                                           ((2, 4096), (1, 8192), (1, 16384),
+                                                                            (1, 32768))]}}}}
 
 
 def grouped_fused_table(raw: dict[str, Any], env: Sequence[str]) -> dict[str, Any]:
@@ -140,6 +146,17 @@ def grouped_fused_table(raw: dict[str, Any], env: Sequence[str]) -> dict[str, An
     return {"title": f"{blocks} blocks in one grouped call, both log-sum-exps given: the gradients in the forward pass "
                      f"(fused) or after it (split, one-pass backward), against {blocks} SDPA (cuDNN) calls, bf16: "
                      "median ms a call, and ratios of summed kernel time",
+            **_provenance(raw, env), "columns": columns, "rows": rows}
+
+
+def fused_tiles_table(raw: dict[str, Any], env: Sequence[str]) -> dict[str, Any]:
+    """The fused forward's tile sweep: each candidate's forward+backward against SDPA and forward-then-backward."""
+    rows = [[_shape(row["shape"]), "{} × {}, {} warps, {} stages".format(*row["tiles"]), round(row["fused_ms"], 3),
+             round(row["fused_vs_sdpa"], 2), round(row["unfused_vs_sdpa"], 2)] for row in raw["rows"]]
+    columns = [{"name": "problem"}, {"name": "tiles (queries × keys)"}, _number("fused fwd+bwd ms", ".3f"),
+               _number("fused vs SDPA", ".2f"), _number("forward, then backward vs SDPA", ".2f")]
+    return {"title": "The fused forward's tiles swept (bf16, both log-sum-exps given, mean KL, forward+backward; "
+                     "12 blocks grouped at ViT lengths), against SDPA's default backend (cuDNN) in the same process",
             **_provenance(raw, env), "columns": columns, "rows": rows}
 
 
@@ -178,7 +195,8 @@ def check_table(sources: Sequence[Path], title: str, provenance: dict[str, Any])
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("kind", choices=("known-lse", "grouped-known-lse", "fused", "grouped-fused", "checks"))
+    parser.add_argument("kind", choices=("known-lse", "grouped-known-lse", "fused", "grouped-fused", "fused-tiles",
+                                         "checks"))
     parser.add_argument("inputs", nargs="+", type=Path, help="the raw JSON file, or check logs and grouped JSON files")
     parser.add_argument("--out", required=True, help="table file name in benchmarks/results/, without .json")
     parser.add_argument("--env", nargs="*", default=[], help="VAR=VALUE the command ran with")
@@ -194,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         raw = json.loads(args.inputs[0].read_text())
         makers = {"known-lse": known_lse_table, "grouped-known-lse": grouped_known_lse_table, "fused": fused_table,
-                  "grouped-fused": grouped_fused_table}
+                  "grouped-fused": grouped_fused_table, "fused-tiles": fused_tiles_table}
         table = makers[args.kind](raw, args.env)
     (RESULTS / f"{args.out}.json").write_text(json.dumps(table, indent=1, ensure_ascii=False) + "\n")
     return 0

@@ -35,6 +35,9 @@ def test_every_result_table_names_gpu_versions_commit_and_date():
         if path.name.startswith("efficacy-") or "plan_fingerprint" in table:  # a study's report
             assert {"device", "torch", "triton", "commit"} <= table["environment"].keys() and table["date"]
             continue
+        if path.name.startswith("power-"):  # a plan's power calculation (CPU arithmetic on committed results)
+            assert {"date", "commit", "command", "plan_file"} <= table.keys(), path.name
+            continue
         names = [column["name"] for column in table["columns"]]
         assert {"gpu", "torch", "triton", "date"} <= table.keys(), path.name
         assert "commit" in table or "measured at" in names, path.name
@@ -44,7 +47,7 @@ def test_every_result_table_names_gpu_versions_commit_and_date():
 def test_every_marker_names_a_table_and_every_table_is_shown():
     shown = {match.group("name").split("/")[0] for document in tables.documents()
              for match in tables.MARKED.finditer(document.read_text())}
-    files = {path.stem for path in tables.RESULTS.glob("*.json") if not path.name.startswith("efficacy-")}
+    files = {path.stem for path in tables.RESULTS.glob("*.json") if not path.name.startswith(("efficacy-", "power-"))}
     assert files <= shown, f"result files no document shows: {sorted(files - shown)}"
 
 
