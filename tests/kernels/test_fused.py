@@ -42,9 +42,13 @@ def test_auto_fuses_from_its_minimum_length(monkeypatch, device):
     assert _node(attention_kl(*inputs, backend="triton", **lse)) in FUSED_NODES
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
-@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
-@pytest.mark.parametrize("reduction", list(REDUCTIONS))
+# Every shape and dtype with a mean; the other reductions (a different weight only) on two shapes.
+CASES = ([("mean", dtype, shape) for shape in SHAPES for dtype in DTYPES]
+         + [(reduction, torch.bfloat16, shape) for reduction in ("sum", "batchmean") for shape in SHAPES[1:5:3]])
+
+
+@pytest.mark.parametrize("reduction, dtype, shape", CASES,
+                         ids=[f"{r}-{DTYPE_IDS[d]}-{shape_id(s)}" for r, d, s in CASES])
 def test_value_and_gradients_match_float64(reduction, dtype, shape, device):
     torch.manual_seed(0)
     causal = shape[-1]
