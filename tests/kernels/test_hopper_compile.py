@@ -37,12 +37,13 @@ class Case(NamedTuple):
     grad_after_dot: bool = False
     one_pass: bool = False  # dk only: the key-side kernel also adds up dq
     known_lse: bool = False  # fwd only: both log-sum-exps given, one exponential per score
+    row_terms: bool = False  # dk only, one-pass: the fused forward (also adds up the KL's row sums)
 
     def label(self) -> str:
         return " ".join(
             [self.kind, "causal" if self.causal else "full", "grouped" if self.grouped else "single", self.exp2]
             + (["grad-after-dot"] if self.grad_after_dot else []) + (["one-pass"] if self.one_pass else [])
-            + (["known-lse"] if self.known_lse else [])
+            + (["known-lse"] if self.known_lse else []) + (["fused"] if self.row_terms else [])
         )
 
 
@@ -58,6 +59,7 @@ CASES = (
     + [Case(kind, grouped=True, grad_after_dot=True) for kind in ("dq", "dk")]
     + [Case("dk", causal, grouped, one_pass=True) for grouped in (False, True) for causal in (False, True)]
     + [Case("fwd", causal, grouped, known_lse=True) for grouped in (False, True) for causal in (False, True)]
+    + [Case("dk", False, grouped, one_pass=True, row_terms=True) for grouped in (False, True)]
 )
 
 
@@ -93,6 +95,9 @@ def compile_for_hopper(case: Case):
         constants["GRAD_AFTER_DOT"] = case.grad_after_dot
     if case.kind == "dk" or case.grouped and case.kind != "fwd":
         constants["ONE_PASS"] = case.one_pass
+        constants["ROW_TERMS"] = case.row_terms
+        if case.row_terms:
+            constants["TEACHER_GRAD"] = False  # the fused forward runs for a frozen teacher only
     if case.grouped:
         constants.update(ELEMENT=tl.bfloat16, ALIGNED=True)
         if case.kind != "fwd":
@@ -100,7 +105,7 @@ def compile_for_hopper(case: Case):
     # Integer arguments Triton would not see as divisible by 16 at 32x12x197x64.
     odd_integers = {"num_heads", "n_q", "n_k", "batch_size", "stride_gl", "stride_lsb", "stride_lsh", "stride_lsn",
                     "stride_ltb", "stride_lth", "stride_ltn"}
-    float32_pointers = {"ROW_KL", "LSE_S", "LSE_T", "LSE_S_IN", "LSE_T_IN", "GRAD", "DQ_SUM", "DQT_SUM"}
+    float32_pointers = {"ROW_KL", "LSE_S", "LSE_T", "LSE_S_IN", "LSE_T_IN", "GRAD", "DQ_SUM", "DQT_SUM", "ROW_SUMS"}
 
     def pointer_type(arg: str) -> str | None:
         if arg == "TABLE":

@@ -105,6 +105,9 @@ def build_stream(
 
     if n_experiences is None:
         n_experiences = DATASETS[splits.name].n_experiences
+        if scenario != "domain" and first_experience_classes is None:
+            # The dataset's default stream is its default split too (digits: 6, then 2 and 2 classes).
+            first_experience_classes = DATASETS[splits.name].first_experience_classes
     if scenario == "domain":
         if first_experience_classes is not None:
             raise ValueError("first_experience_classes needs scenario 'class' or 'task': "

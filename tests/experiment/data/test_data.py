@@ -30,10 +30,10 @@ def test_digits_stream_split_is_class_incremental_and_seeded():
     assert splits.in_chans == 1 and splits.num_classes == 10
     assert len(splits.train) + len(splits.test) == 1797
     stream = build_stream(splits, n_experiences=None, seed=3, val_fraction=0.1)
-    assert stream.n_experiences == 5
+    assert stream.n_experiences == 3  # the default stream: 6 classes, then 2 and 2
     assert sorted(c for cs in stream.experience_classes for c in cs) == list(range(10))
+    assert [len(classes) for classes in stream.experience_classes] == [6, 2, 2]
     for classes, train, val, test in zip(stream.experience_classes, stream.train, stream.val, stream.test):
-        assert len(classes) == 2
         for ds in (train, val, test):
             assert set(ds.targets) == set(classes)
             assert tuple(ds[0][0].shape) == (1, 16, 16)
