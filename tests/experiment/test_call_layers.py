@@ -29,8 +29,7 @@ PACKAGE = Path(cli.__file__).resolve().parents[1]
 CLIMBS = {
     ("experiment.progress", "strategies.plugin", "last_penalty"):
         "the progress bar reads the penalty of the plugin it is given",
-    ("experiment.progress", "strategies.plugin", "last_share"):
-        "the progress bar reads the penalty's share of the loss from the plugin it is given",
+    ("experiment.progress", "strategies.plugin", "last_share"): "and the penalty's share of the loss",
     ("experiment.plugin_state", "strategies.plugin", "state_dict"):
         "checkpoints ask each plugin for its state (Avalanche's plugin protocol)",
     ("experiment.files", "experiment.checkpoint", "<lambda>"): "write_atomically calls the writer it is given",

@@ -41,15 +41,8 @@ def _row_kl(row_sums: torch.Tensor) -> torch.Tensor:
 
 
 def launch_fused(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    q_teacher: torch.Tensor,
-    k_teacher: torch.Tensor,
-    student_scale: float,
-    teacher_scale: float,
-    causal: bool,
-    lse: torch.Tensor,
-    lse_teacher: torch.Tensor,
+    q: torch.Tensor, k: torch.Tensor, q_teacher: torch.Tensor, k_teacher: torch.Tensor,
+    student_scale: float, teacher_scale: float, causal: bool, lse: torch.Tensor, lse_teacher: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-row KL and the gradients of its sum, in one launch.
 
@@ -73,15 +66,9 @@ def launch_fused(
 
 
 def launch_grouped_fused(
-    q: Sequence[torch.Tensor],
-    k: Sequence[torch.Tensor],
-    q_teacher: Sequence[torch.Tensor],
-    k_teacher: Sequence[torch.Tensor],
-    student_scales: Sequence[float],
-    teacher_scales: Sequence[float],
-    causal: bool,
-    lse: torch.Tensor,
-    lse_teacher: torch.Tensor,
+    q: Sequence[torch.Tensor], k: Sequence[torch.Tensor], q_teacher: Sequence[torch.Tensor],
+    k_teacher: Sequence[torch.Tensor], student_scales: Sequence[float], teacher_scales: Sequence[float],
+    causal: bool, lse: torch.Tensor, lse_teacher: torch.Tensor,
 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     """:func:`launch_fused` of L problems of one shape in one launch.
 
@@ -103,9 +90,10 @@ def launch_grouped_fused(
 
 
 def _fused_schema(inputs: str, scales: str, gradients: str) -> str:
-    tensors = ", ".join(f"{inputs} {name}" for name in ("q", "k", "q_teacher", "k_teacher"))
-    return (f"({tensors}, {scales} student_scale, {scales} teacher_scale, bool causal, Tensor lse, "
-            f"Tensor lse_teacher, float weight) -> (Tensor, {gradients}, {gradients})")
+    """A fused op's schema: the forward's arguments and the reduction's weight, the scalar KL and the gradients."""
+    arguments = [*(f"{inputs} {name}" for name in ("q", "k", "q_teacher", "k_teacher")), f"{scales} student_scale",
+                 f"{scales} teacher_scale", "bool causal", "Tensor lse", "Tensor lse_teacher", "float weight"]
+    return f"({', '.join(arguments)}) -> (Tensor, {gradients}, {gradients})"
 
 
 @torch.library.custom_op(
