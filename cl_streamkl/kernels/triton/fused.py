@@ -96,14 +96,17 @@ def _fused_schema(inputs: str, scales: str, gradients: str) -> str:
     return f"({', '.join(arguments)}) -> (Tensor, {gradients}, {gradients})"
 
 
-@torch.library.custom_op(
-    "cl_streamkl::attention_kl_fused", mutates_args=(), schema=_fused_schema("Tensor", "float", "Tensor")
-)
-def attention_kl_fused_op(q, k, q_teacher, k_teacher, student_scale, teacher_scale, causal, lse, lse_teacher, weight):
-    """weight · Σ_rows KL and the unweighted gradients of Σ_rows KL (custom op around :func:`launch_fused`)."""
+def _fused(q, k, q_teacher, k_teacher, student_scale, teacher_scale, causal, lse, lse_teacher, weight):
+    """weight · Σ_rows KL and the unweighted gradients of Σ_rows KL (:func:`launch_fused`): the custom op
+    and its eager twin."""
     row_kl, grad_q, grad_k = launch_fused(q, k, q_teacher, k_teacher, student_scale, teacher_scale, causal, lse,
                                           lse_teacher)
     return row_kl.sum() * weight, grad_q, grad_k
+
+
+attention_kl_fused_op = torch.library.custom_op(
+    "cl_streamkl::attention_kl_fused", mutates_args=(), schema=_fused_schema("Tensor", "float", "Tensor")
+)(_fused)
 
 
 @attention_kl_fused_op.register_fake
@@ -112,15 +115,17 @@ def _attention_kl_fused_fake(q, k, q_teacher, k_teacher, student_scale, teacher_
     return q.new_empty((), dtype=torch.float32), empty_gradient_for(q), empty_gradient_for(k)
 
 
-@torch.library.custom_op(
-    "cl_streamkl::attention_kl_grouped_fused", mutates_args=(), schema=_fused_schema("Tensor[]", "float[]", "Tensor[]")
-)
-def attention_kl_grouped_fused_op(q, k, q_teacher, k_teacher, student_scales, teacher_scales, causal, lse,
-                                  lse_teacher, weight):
-    """Per problem weight · Σ_rows KL, (L,), and every problem's gradients (around :func:`launch_grouped_fused`)."""
+def _grouped_fused(q, k, q_teacher, k_teacher, student_scales, teacher_scales, causal, lse, lse_teacher, weight):
+    """Per problem weight · Σ_rows KL, (L,), and every problem's gradients (:func:`launch_grouped_fused`): the
+    custom op and its eager twin."""
     row_kl, grad_q, grad_k = launch_grouped_fused(q, k, q_teacher, k_teacher, student_scales, teacher_scales, causal,
                                                   lse, lse_teacher)
     return row_kl.flatten(1).sum(-1) * weight, grad_q, grad_k
+
+
+attention_kl_grouped_fused_op = torch.library.custom_op(
+    "cl_streamkl::attention_kl_grouped_fused", mutates_args=(), schema=_fused_schema("Tensor[]", "float[]", "Tensor[]")
+)(_grouped_fused)
 
 
 @attention_kl_grouped_fused_op.register_fake
@@ -171,19 +176,16 @@ class _FusedFunction(torch.autograd.Function):
     """Eager twin of :func:`attention_kl_fused_op` (a fraction of the dispatch cost)."""
 
     @staticmethod
-    def forward(ctx, q, k, q_teacher, k_teacher, student_scale, teacher_scale, causal, lse, lse_teacher, weight):
-        row_kl, grad_q, grad_k = launch_fused(q, k, q_teacher, k_teacher, student_scale, teacher_scale, causal, lse,
-                                              lse_teacher)
-        ctx.weight = weight
+    def forward(ctx, *inputs):
+        value, grad_q, grad_k = _fused(*inputs)
+        ctx.weight = inputs[-1]
         ctx.save_for_backward(grad_q, grad_k)
-        return row_kl.sum() * weight
+        return value
 
     @staticmethod
     def backward(ctx, grad_loss):
         refuse_double_backward()
-        grad_q, grad_k = ctx.saved_tensors
-        factor = grad_loss * ctx.weight
-        return grad_q * factor, grad_k * factor, *(None,) * 8
+        return _fused_backward(ctx, grad_loss, None, None)
 
 
 class _GroupedFusedFunction(torch.autograd.Function):
@@ -192,11 +194,11 @@ class _GroupedFusedFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, student_scales, teacher_scales, causal, lse, lse_teacher, weight, *inputs):
         roles = [inputs[index::4] for index in range(4)]
-        row_kl, grad_q, grad_k = launch_grouped_fused(*roles, student_scales, teacher_scales, causal, lse, lse_teacher)
+        value, grad_q, grad_k = _grouped_fused(*roles, student_scales, teacher_scales, causal, lse, lse_teacher, weight)
         ctx.weight = weight
         ctx.problems = len(grad_q)
         ctx.save_for_backward(*grad_q, *grad_k)
-        return row_kl.flatten(1).sum(-1) * weight
+        return value
 
     @staticmethod
     def backward(ctx, grad_loss):
