@@ -33,17 +33,20 @@ def _resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
-def _fused_weight(tensors: Sequence[torch.Tensor], reduction: str, given: bool) -> float | None:
-    """The reduction's factor if the fused forward (KL and gradients in one pass) applies, else None.
+def _fused_weight(
+    problems: Sequence[Sequence[torch.Tensor]], reduction: str, given: bool
+) -> float | None:
+    """The reduction's factor if the fused forward (KL and gradients in one pass) applies to these
+    problems (q, k, q_teacher, k_teacher of one shape each), else None.
 
     It can where the gradient with respect to q and k is g times a fixed tensor: both
-    log-sum-exps given, a scalar reduction, q or k needing a gradient and the teacher none; it
+    log-sum-exps given, a scalar reduction, q or k needing a gradient and no teacher; it
     does as the ``fused_gradients`` switch says (``"auto"``: where it measured faster).
     """
-    q, k, q_teacher, k_teacher = tensors
+    q, k, q_teacher, _ = problems[0]
     options = get_kernel_options()
     if (reduction == "none" or not given or not torch.is_grad_enabled() or options.deterministic
-            or options.fused_gradients == "off" or q_teacher.requires_grad or k_teacher.requires_grad
+            or options.fused_gradients == "off" or any(t.requires_grad for problem in problems for t in problem[2:])
             or not (q.requires_grad or k.requires_grad) or max(q.size(-1), q_teacher.size(-1)) > FUSED_MAX_HEAD_DIM):
         return None
     if options.fused_gradients == "auto" and min(q.size(2), k.size(2)) < FUSED_MIN_LENGTH:
@@ -134,7 +137,7 @@ def _attention_kl(
     if _resolve_backend(options.backend, q.device) == "triton":
         from cl_streamkl.kernels.triton import attention_kl_fused_triton, attention_kl_rows_triton
 
-        weight = _fused_weight((q, k, q_teacher, k_teacher), options.reduction, bool(given))
+        weight = _fused_weight([(q, k, q_teacher, k_teacher)], options.reduction, bool(given))
         if weight is not None:
             return attention_kl_fused_triton(q, k, q_teacher, k_teacher, problem, *given, weight)
 
@@ -200,8 +203,8 @@ def attention_kl_grouped(
     if _resolve_backend(backend, problems[0][0].device) == "triton":
         from cl_streamkl.kernels.triton import attention_kl_fused_triton_grouped, attention_kl_rows_triton_grouped
 
-        weight = _fused_weight(problems[0], reduction, given is not None)
-        if weight is not None and not any(t.requires_grad for problem in problems for t in problem[2:]):
+        weight = _fused_weight(problems, reduction, given is not None)
+        if weight is not None:
             return attention_kl_fused_triton_grouped(problems, checked, *given, weight)
 
         row_kl = attention_kl_rows_triton_grouped(problems, checked, *(given or ()))
