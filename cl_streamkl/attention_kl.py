@@ -133,17 +133,18 @@ def _attention_kl(
 ) -> torch.Tensor:
     """:func:`attention_kl` with its options checked already."""
     problem = check_inputs(q, k, q_teacher, k_teacher, options)
-    given = check_given_lse(lse, lse_teacher, q) or ()
+    # None, or (lse, lse_teacher); tested with ``is not None``, which torch.compile traces.
+    given = check_given_lse(lse, lse_teacher, q)
     if _resolve_backend(options.backend, q.device) == "triton":
         from cl_streamkl.kernels.triton import attention_kl_fused_triton, attention_kl_rows_triton
 
-        weight = _fused_weight([(q, k, q_teacher, k_teacher)], options.reduction, bool(given))
+        weight = _fused_weight([(q, k, q_teacher, k_teacher)], options.reduction, given is not None)
         if weight is not None:
             return attention_kl_fused_triton(q, k, q_teacher, k_teacher, problem, *given, weight)
 
-        row_kl = attention_kl_rows_triton(q, k, q_teacher, k_teacher, problem, *given)
+        row_kl = attention_kl_rows_triton(q, k, q_teacher, k_teacher, problem, *(given or ()))
     else:
-        row_kl = attention_kl_rows_torch(q, k, q_teacher, k_teacher, problem, *given)
+        row_kl = attention_kl_rows_torch(q, k, q_teacher, k_teacher, problem, *(given or ()))
     return reduce_rows(row_kl, options.reduction)
 
 
