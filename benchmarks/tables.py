@@ -22,8 +22,9 @@ Prose that quotes a figure asks for a *sentence view* the same way
 (``<!-- table:kernel-fused/long -->``): a view holding ``sentence``, a ``str.format`` template
 (or a list of them, one a line), and ``values``, each picked from the file's rows (or, with
 ``in``, from a list of records such as a study report's ``hypotheses``) by ``where``, ``column``
-and ``pick`` (one, min, max, count). It renders the sentence alone, no source line: it stands by
-the table it quotes, or links the file with ``{source}``. ``_harness/sentences.py`` documents the format.
+and ``pick`` (one, min, max, count), or combined by ``plus``, ``minus`` and ``over``. It renders
+the sentence alone, no source line: it stands by the table it quotes, or links the file with
+``{source}``. ``_harness/sentences.py`` documents the format.
 
 A table file holds ``title``, ``gpu``, ``torch``, ``triton`` and where known ``python``,
 ``timm``, ``avalanche``, ``commit`` (or a ``commit`` column), ``date`` and ``command``;

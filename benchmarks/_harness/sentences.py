@@ -19,7 +19,9 @@ the list of objects that ``in`` names by dotted keys (``"hypotheses"``, ``"plan.
 any other file, such as a study report. ``where`` keeps the records whose field equals a value
 or lies in a list; ``pick`` is ``"one"`` (the default: exactly one record must match), ``"min"``,
 ``"max"`` or ``"count"`` (how many match; no ``column``); ``scale`` multiplies the value
-(``-1`` quotes a reduction as a positive amount).
+(``-1`` quotes a reduction as a positive amount). A value may instead combine others, so that
+prose quotes a difference or a share the table does not print: ``{"minus": [a, b]}`` (a − b),
+``{"over": [a, b]}`` (a / b) or ``{"plus": [a, b, ...]}``, each operand a value or a number.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from collections.abc import Mapping
 from typing import Any
 
 PICKS = ("one", "min", "max", "count")
+ARITHMETIC = {"plus": lambda operands: sum(operands), "minus": lambda operands: operands[0] - operands[1],
+              "over": lambda operands: operands[0] / operands[1]}
 
 
 def _records(data: Mapping[str, Any], spec: Mapping[str, Any], label: str) -> list[Any]:
@@ -82,6 +86,29 @@ def pick(data: Mapping[str, Any], spec: Mapping[str, Any], label: str) -> Any:
     return {"one": cells[0], "min": min(cells), "max": max(cells)}[how]
 
 
+def value(data: Mapping[str, Any], spec: Mapping[str, Any] | float, label: str) -> Any:
+    """A value of a sentence view: a number, a :func:`pick`, or ``plus``, ``minus`` or ``over`` of values.
+
+    Raises:
+        ValueError: naming ``label``: an operation without its operands, or a value that cannot be picked.
+    """
+    if isinstance(spec, (int, float)) and not isinstance(spec, bool):
+        return spec
+    operations = [name for name in ARITHMETIC if name in spec]
+    if not operations:
+        return pick(data, spec, label)
+    operands = spec[operations[0]]
+    if len(operations) > 1 or not isinstance(operands, list) or len(operands) < 2 or (
+            operations[0] != "plus" and len(operands) != 2):
+        raise ValueError(f"{label}: one of plus (two or more values), minus or over (two values) per value")
+    numbers = [value(data, operand, f"{label}, {operations[0]}[{index}]") for index, operand in enumerate(operands)]
+    if any(isinstance(number, bool) or not isinstance(number, (int, float)) for number in numbers):
+        raise ValueError(f"{label}: {operations[0]} needs numbers, not {numbers}")
+    if operations[0] == "over" and numbers[1] == 0:
+        raise ValueError(f"{label}: over divides by zero")
+    return ARITHMETIC[operations[0]](numbers)
+
+
 def is_sentence(view: Mapping[str, Any]) -> bool:
     """Whether a result file's view is a sentence view (rather than some columns and rows)."""
     return "sentence" in view
@@ -98,7 +125,7 @@ def render_sentence(data: Mapping[str, Any], view: Mapping[str, Any], source: st
 
     Raises:
         ValueError: naming ``label``: a template names a value the view lacks, a value goes unused,
-            a value cannot be picked (see :func:`pick`) or does not fit its format spec.
+            a value cannot be made (see :func:`value`) or does not fit its format spec.
     """
     templates = view["sentence"] if isinstance(view["sentence"], list) else [view["sentence"]]
     specs: Mapping[str, Any] = view.get("values", {})
@@ -108,7 +135,7 @@ def render_sentence(data: Mapping[str, Any], view: Mapping[str, Any], source: st
                          "which 'values' lacks")
     if set(specs) - named:
         raise ValueError(f"{label}: values {sorted(set(specs) - named)} are not in the sentence")
-    values = {name: pick(data, spec, f"{label}, value {name!r}") for name, spec in specs.items()}
+    values = {name: value(data, spec, f"{label}, value {name!r}") for name, spec in specs.items()}
     try:
         return [template.format(source=source, **values) for template in templates]
     except (ValueError, TypeError) as error:  # a format spec that does not fit its value

@@ -44,6 +44,27 @@ def test_records_named_by_in_scale_and_a_list_of_templates():
     assert lines == ["- 1 of 2 confirmed on 3 seeds ([`t.json`](t.json)).", "- 16.2 pp less forgetting."]
 
 
+def test_differences_shares_and_sums_of_picked_values():
+    r4096, r8192 = ({"where": {"shape": shape, "mode": "fwd+bwd"}, "column": "vs SDPA"} for shape in ("4096", "8192"))
+    lines = _sentence(TABLE, "{gap:.2f} apart, {share:.0%} of it, {saved:.0%} saved, {total:.2f} in all",
+                      gap={"minus": [r4096, r8192]}, share={"over": [r8192, r4096]},
+                      saved={"minus": [1, {"over": [r8192, r4096]}]}, total={"plus": [r4096, r8192, 1]})
+    assert lines == ["0.48 apart, 64% of it, 36% saved, 3.18 in all"]
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"x": {"minus": [1]}}, "minus or over"),
+    ({"x": {"over": [1, 2, 3]}}, "minus or over"),
+    ({"x": {"plus": [1, 2], "minus": [1, 2]}}, "minus or over"),
+    ({"x": {"over": [1, 0]}}, "divides by zero"),
+    ({"x": {"minus": [1, {"where": {"mode": "fwd"}, "column": "shape"}]}}, "needs numbers"),
+    ({"x": {"minus": [1, {"where": {"mode": "bwd"}, "column": "vs SDPA"}]}}, r"minus\[1\]: no record"),
+])
+def test_arithmetic_that_cannot_be_done_is_refused_naming_it(values, message):
+    with pytest.raises(ValueError, match=message):
+        _sentence(TABLE, "{x}", **values)
+
+
 @pytest.mark.parametrize(("data", "sentence", "values", "message"), [
     (TABLE, "{x}", {"x": {"where": {"mode": "fwd+bwd"}, "column": "vs SDPA"}}, "3 records match"),
     (TABLE, "{x}", {"x": {"where": {"mode": "bwd"}, "column": "vs SDPA"}}, "no record matches"),
@@ -51,7 +72,8 @@ def test_records_named_by_in_scale_and_a_list_of_templates():
     (TABLE, "{x}", {"x": {"where": {"mode": "fwd"}, "column": "vs FA2"}}, "'column'"),
     (TABLE, "{x}", {"x": {"where": {"mode": "fwd"}, "column": "vs SDPA", "pick": "mean"}}, "'pick'"),
     (TABLE, "{x} {y}", {"x": {"where": {"mode": "fwd"}, "column": "vs SDPA"}}, r"\['y'\]"),
-    (TABLE, "{x}", {"x": {"where": {"mode": "fwd"}, "column": "vs SDPA"}, "y": {"pick": "count"}}, "not in the sentence"),
+    (TABLE, "{x}", {"x": {"where": {"mode": "fwd"}, "column": "vs SDPA"}, "y": {"pick": "count"}},
+     "not in the sentence"),
     (TABLE, "{x:.2f}", {"x": {"where": {"mode": "fwd"}, "column": "shape"}}, "t/v"),
     (REPORT, "{x}", {"x": {"where": {"id": "H1"}, "column": "mean_diff"}}, "'in'"),
     (REPORT, "{x}", {"x": {"in": "plan.seeds", "pick": "count"}}, "plan.seeds"),
@@ -68,13 +90,15 @@ def test_tables_renders_a_sentence_view_between_markers_and_check_sees_an_edit(t
     docs.mkdir()
     table = {**TABLE, "gpu": "G", "torch": "t", "triton": "r", "commit": "c", "date": "d",
              "views": {"long": {"sentence": "Fused costs {r:.2f}× attention's time ({source}).",
-                                "values": {"r": {"where": {"shape": "8192", "mode": "fwd+bwd"}, "column": "vs SDPA"}}}}}
+                                "values": {"r": {"where": {"shape": "8192", "mode": "fwd+bwd"},
+                                                 "column": "vs SDPA"}}}}}
     (results / "fused.json").write_text(json.dumps(table))
     page = docs / "page.md"
     page.write_text("- claim:\n<!-- table:fused/long -->\n<!-- /table -->\n")
     page.write_text(tables.regenerate(page, results))
     assert page.read_text() == ("- claim:\n<!-- table:fused/long -->\n"
-                                "Fused costs 0.85× attention's time ([`fused.json`](../benchmarks/results/fused.json)).\n"
+                                "Fused costs 0.85× attention's time "
+                                "([`fused.json`](../benchmarks/results/fused.json)).\n"
                                 "<!-- /table -->\n")
     page.write_text(page.read_text().replace("0.85×", "0.58×"))
     assert tables.regenerate(page, results) != page.read_text()
