@@ -21,7 +21,8 @@ or lies in a list; ``pick`` is ``"one"`` (the default: exactly one record must m
 ``"max"`` or ``"count"`` (how many match; no ``column``); ``scale`` multiplies the value
 (``-1`` quotes a reduction as a positive amount). A value may instead combine others, so that
 prose quotes a difference or a share the table does not print: ``{"minus": [a, b]}`` (a − b),
-``{"over": [a, b]}`` (a / b) or ``{"plus": [a, b, ...]}``, each operand a value or a number.
+``{"over": [a, b]}`` (a / b) or ``{"plus": [a, b, ...]}``, each operand a value or a number,
+and ``scale`` multiplies the result (``100`` for a percentage).
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def value(data: Mapping[str, Any], spec: Mapping[str, Any] | float, label: str) 
         raise ValueError(f"{label}: {operations[0]} needs numbers, not {numbers}")
     if operations[0] == "over" and numbers[1] == 0:
         raise ValueError(f"{label}: over divides by zero")
-    return ARITHMETIC[operations[0]](numbers)
+    return ARITHMETIC[operations[0]](numbers) * spec.get("scale", 1)
 
 
 def is_sentence(view: Mapping[str, Any]) -> bool:

@@ -46,10 +46,10 @@ def test_records_named_by_in_scale_and_a_list_of_templates():
 
 def test_differences_shares_and_sums_of_picked_values():
     r4096, r8192 = ({"where": {"shape": shape, "mode": "fwd+bwd"}, "column": "vs SDPA"} for shape in ("4096", "8192"))
-    lines = _sentence(TABLE, "{gap:.2f} apart, {share:.0%} of it, {saved:.0%} saved, {total:.2f} in all",
+    lines = _sentence(TABLE, "{gap:.2f} apart, {share:.0%} of it, {saved:.0f} % saved, {total:.2f} in all",
                       gap={"minus": [r4096, r8192]}, share={"over": [r8192, r4096]},
-                      saved={"minus": [1, {"over": [r8192, r4096]}]}, total={"plus": [r4096, r8192, 1]})
-    assert lines == ["0.48 apart, 64% of it, 36% saved, 3.18 in all"]
+                      saved={"minus": [1, {"over": [r8192, r4096]}], "scale": 100}, total={"plus": [r4096, r8192, 1]})
+    assert lines == ["0.48 apart, 64% of it, 36 % saved, 3.18 in all"]
 
 
 @pytest.mark.parametrize(("values", "message"), [
