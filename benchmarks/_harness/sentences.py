@@ -16,7 +16,8 @@ A sentence view sits in a result file's ``views`` beside the table views::
 the file's name linked from the document), or a list of templates rendered one a line (bullets).
 Each value picks from the file's records: a table file's rows (cells keyed by column name), or
 the list of objects that ``in`` names by dotted keys (``"hypotheses"``, ``"plan.test_seeds"``) in
-any other file, such as a study report. ``where`` keeps the records whose field equals a value
+any other file, such as a study report; a mapping of objects there (``"plan.power.hypotheses"``)
+is read as its objects, each with its key under ``key``. ``where`` keeps the records whose field equals a value
 or lies in a list; ``pick`` is ``"one"`` (the default: exactly one record must match), ``"min"``,
 ``"max"`` or ``"count"`` (how many match; no ``column``); ``scale`` multiplies the value
 (``-1`` quotes a reduction as a positive amount). A value may instead combine others, so that
@@ -48,8 +49,10 @@ def _records(data: Mapping[str, Any], spec: Mapping[str, Any], label: str) -> li
         if not isinstance(found, Mapping) or key not in found:
             raise ValueError(f"{label}: 'in' names {spec['in']!r}, which the file lacks (at {key!r})")
         found = found[key]
+    if isinstance(found, Mapping) and all(isinstance(record, Mapping) for record in found.values()):
+        return [{"key": key, **record} for key, record in found.items()]
     if not isinstance(found, list):
-        raise ValueError(f"{label}: 'in' names {spec['in']!r}, which is not a list")
+        raise ValueError(f"{label}: 'in' names {spec['in']!r}, which is neither a list nor a mapping of objects")
     return found
 
 

@@ -13,7 +13,8 @@ tables = pytest.importorskip("tables")
 TABLE = {"columns": [{"name": "shape"}, {"name": "mode"}, {"name": "vs SDPA", "align": "right"}],
          "rows": [["4096", "fwd", 3.26], ["4096", "fwd+bwd", 1.33], ["8192", "fwd+bwd", 0.85],
                   ["16384", "fwd+bwd", 0.77]]}
-REPORT = {"plan_fingerprint": "f", "plan": {"test_seeds": [500, 501, 502]},
+REPORT = {"plan_fingerprint": "f", "plan": {"test_seeds": [500, 501, 502],
+                                           "power": {"H1": {"seeds_for_80pct": 11}, "H2": {"seeds_for_80pct": 8}}},
           "hypotheses": [{"id": "H1", "role": "primary", "mean_diff": -16.23, "verdict": "confirmed"},
                          {"id": "H2", "role": "primary", "mean_diff": -1.2, "verdict": "not confirmed"},
                          {"id": "S1", "role": "secondary", "mean_diff": 15.4, "verdict": "confirmed"}]}
@@ -65,6 +66,13 @@ def test_arithmetic_that_cannot_be_done_is_refused_naming_it(values, message):
         _sentence(TABLE, "{x}", **values)
 
 
+def test_a_mapping_of_records_is_read_with_each_key():
+    seeds = {"in": "plan.power", "column": "seeds_for_80pct"}
+    lines = _sentence(REPORT, "{h1} and {most} seeds", h1={**seeds, "where": {"key": "H1"}},
+                      most={**seeds, "pick": "max"})
+    assert lines == ["11 and 11 seeds"]
+
+
 @pytest.mark.parametrize(("data", "sentence", "values", "message"), [
     (TABLE, "{x}", {"x": {"where": {"mode": "fwd+bwd"}, "column": "vs SDPA"}}, "3 records match"),
     (TABLE, "{x}", {"x": {"where": {"mode": "bwd"}, "column": "vs SDPA"}}, "no record matches"),
@@ -77,6 +85,7 @@ def test_arithmetic_that_cannot_be_done_is_refused_naming_it(values, message):
     (TABLE, "{x:.2f}", {"x": {"where": {"mode": "fwd"}, "column": "shape"}}, "t/v"),
     (REPORT, "{x}", {"x": {"where": {"id": "H1"}, "column": "mean_diff"}}, "'in'"),
     (REPORT, "{x}", {"x": {"in": "plan.seeds", "pick": "count"}}, "plan.seeds"),
+    (REPORT, "{x}", {"x": {"in": "plan_fingerprint", "pick": "count"}}, "neither a list"),
 ])
 def test_a_view_that_cannot_be_rendered_is_refused_naming_it(data, sentence, values, message):
     with pytest.raises(ValueError, match=message) as refused:
