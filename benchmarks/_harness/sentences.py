@@ -28,8 +28,10 @@ and ``scale`` multiplies the result (``100`` for a percentage).
 
 from __future__ import annotations
 
+import json
 import string
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 PICKS = ("one", "min", "max", "count")
@@ -145,3 +147,17 @@ def render_sentence(data: Mapping[str, Any], view: Mapping[str, Any], source: st
     except (ValueError, TypeError) as error:  # a format spec that does not fit its value
         raise ValueError(f"{label}: {error}") from None
 
+
+def keep_sentence_views(path: Path, table: dict[str, Any]) -> dict[str, Any]:
+    """``table`` with the sentence views of the result file it replaces at ``path``, where it lacks them.
+
+    A sentence view is the documents' wiring, not a measurement: a rerun that rewrites the file keeps
+    it, and ``tables.py --check`` then says whether the new rows still give it every value.
+    """
+    try:
+        old = json.loads(path.read_text())
+    except (OSError, ValueError):  # no earlier file, or none that is JSON: nothing to keep
+        return table
+    kept = {name: view for name, view in (old.get("views") or {}).items()
+            if isinstance(view, Mapping) and is_sentence(view) and name not in table.get("views", {})}
+    return {**table, "views": {**table.get("views", {}), **kept}} if kept else table

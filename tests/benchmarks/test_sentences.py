@@ -111,3 +111,24 @@ def test_tables_renders_a_sentence_view_between_markers_and_check_sees_an_edit(t
                                 "<!-- /table -->\n")
     page.write_text(page.read_text().replace("0.85×", "0.58×"))
     assert tables.regenerate(page, results) != page.read_text()
+
+
+def test_a_rerun_keeps_the_sentence_views_of_the_file_it_replaces(tmp_path):
+    path = tmp_path / "fused.json"
+    sentence = {"sentence": "{r}", "values": {"r": {"where": {"shape": "8192"}, "column": "vs SDPA"}}}
+    path.write_text(json.dumps({**TABLE, "views": {"long": sentence, "headline": {"columns": ["shape"]},
+                                                   "mine": {"sentence": "old"}}}))
+    rerun = {**TABLE, "views": {"headline": {"columns": ["mode"]}, "mine": {"sentence": "new"}}}
+    kept = sentences.keep_sentence_views(path, rerun)
+    assert kept["views"] == {"headline": {"columns": ["mode"]}, "mine": {"sentence": "new"}, "long": sentence}
+    assert sentences.keep_sentence_views(tmp_path / "absent.json", rerun) is rerun
+
+
+def test_write_json_keeps_the_sentence_views_of_the_file_it_replaces(tmp_path):
+    report = pytest.importorskip("_harness.report")
+    path = tmp_path / "result.json"
+    sentence = {"sentence": "{n} rows", "values": {"n": {"pick": "count"}}}
+    report.write_json(path, {**TABLE, "views": {"count": sentence}})
+    report.write_json(path, {**TABLE, "rows": TABLE["rows"][:1]})
+    written = json.loads(path.read_text())
+    assert written["rows"] == TABLE["rows"][:1] and written["views"] == {"count": sentence}
