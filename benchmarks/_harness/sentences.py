@@ -17,13 +17,13 @@ the file's name linked from the document), or a list of templates rendered one a
 Each value picks from the file's records: a table file's rows (cells keyed by column name), or
 the list of objects that ``in`` names by dotted keys (``"hypotheses"``, ``"plan.test_seeds"``) in
 any other file, such as a study report; a mapping of objects there (``"plan.power.hypotheses"``)
-is read as its objects, each with its key under ``key``. ``where`` keeps the records whose field equals a value
-or lies in a list; ``pick`` is ``"one"`` (the default: exactly one record must match), ``"min"``,
-``"max"`` or ``"count"`` (how many match; no ``column``); ``scale`` multiplies the value
-(``-1`` quotes a reduction as a positive amount). A value may instead combine others, so that
-prose quotes a difference or a share the table does not print: ``{"minus": [a, b]}`` (a − b),
-``{"over": [a, b]}`` (a / b) or ``{"plus": [a, b, ...]}``, each operand a value or a number,
-and ``scale`` multiplies the result (``100`` for a percentage).
+is read as its objects, each with its key under ``key``. ``where`` keeps the records whose field
+equals a value or lies in a list; ``pick`` is ``"one"`` (the default: exactly one record must
+match), ``"min"``, ``"max"`` (of numbers) or ``"count"`` (how many match; no ``column``);
+``scale`` multiplies a number (``-1`` quotes a reduction as a positive amount). A value may
+instead combine others, so that prose quotes a difference or a share the table does not print:
+``{"minus": [a, b]}`` (a − b), ``{"over": [a, b]}`` (a / b) or ``{"plus": [a, b, ...]}``, each
+operand a value or a number, and ``scale`` multiplies the result (``100`` for a percentage).
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def pick(data: Mapping[str, Any], spec: Mapping[str, Any], label: str) -> Any:
         raise ValueError(f"{label}: 'pick' is one of {', '.join(PICKS)}, not {how!r}")
     chosen = [record for record in _records(data, spec, label) if _matches(record, spec.get("where", {}), label)]
     if how == "count":
-        return len(chosen) * spec.get("scale", 1)
+        return _scaled(len(chosen), spec, label)
     if not chosen:
         raise ValueError(f"{label}: no record matches {dict(spec.get('where', {}))}")
     if how == "one" and len(chosen) > 1:
@@ -88,8 +88,23 @@ def pick(data: Mapping[str, Any], spec: Mapping[str, Any], label: str) -> Any:
     column = spec.get("column")
     if column is None or any(not isinstance(record, Mapping) or column not in record for record in chosen):
         raise ValueError(f"{label}: 'column' must name a field of the records, not {column!r}")
-    cells = [record[column] * spec.get("scale", 1) for record in chosen]
-    return {"one": cells[0], "min": min(cells), "max": max(cells)}[how]
+    cells = [record[column] for record in chosen]
+    if how != "one" and not all(_is_number(cell) for cell in cells):
+        raise ValueError(f"{label}: {how} of {column!r} needs numbers, not {cells}")
+    return _scaled({"one": cells[0], "min": min(cells), "max": max(cells)}[how], spec, label)
+
+
+def _is_number(cell: Any) -> bool:
+    return isinstance(cell, (int, float)) and not isinstance(cell, bool)
+
+
+def _scaled(number: Any, spec: Mapping[str, Any], label: str) -> Any:
+    """``number`` times ``spec['scale']``, where the spec has one (which needs a number)."""
+    if "scale" not in spec:
+        return number
+    if not _is_number(number) or not _is_number(spec["scale"]):
+        raise ValueError(f"{label}: scale multiplies numbers, not {number!r} by {spec['scale']!r}")
+    return number * spec["scale"]
 
 
 def value(data: Mapping[str, Any], spec: Mapping[str, Any] | float, label: str) -> Any:
@@ -98,7 +113,7 @@ def value(data: Mapping[str, Any], spec: Mapping[str, Any] | float, label: str) 
     Raises:
         ValueError: naming ``label``: an operation without its operands, or a value that cannot be picked.
     """
-    if isinstance(spec, (int, float)) and not isinstance(spec, bool):
+    if _is_number(spec):
         return spec
     operations = [name for name in ARITHMETIC if name in spec]
     if not operations:
@@ -108,11 +123,11 @@ def value(data: Mapping[str, Any], spec: Mapping[str, Any] | float, label: str) 
             operations[0] != "plus" and len(operands) != 2):
         raise ValueError(f"{label}: one of plus (two or more values), minus or over (two values) per value")
     numbers = [value(data, operand, f"{label}, {operations[0]}[{index}]") for index, operand in enumerate(operands)]
-    if any(isinstance(number, bool) or not isinstance(number, (int, float)) for number in numbers):
+    if not all(_is_number(number) for number in numbers):
         raise ValueError(f"{label}: {operations[0]} needs numbers, not {numbers}")
     if operations[0] == "over" and numbers[1] == 0:
         raise ValueError(f"{label}: over divides by zero")
-    return ARITHMETIC[operations[0]](numbers) * spec.get("scale", 1)
+    return _scaled(ARITHMETIC[operations[0]](numbers), spec, label)
 
 
 def is_sentence(view: Mapping[str, Any]) -> bool:
@@ -158,6 +173,7 @@ def keep_sentence_views(path: Path, table: dict[str, Any]) -> dict[str, Any]:
         old = json.loads(path.read_text())
     except (OSError, ValueError):  # no earlier file, or none that is JSON: nothing to keep
         return table
-    kept = {name: view for name, view in (old.get("views") or {}).items()
+    views = old.get("views") if isinstance(old, dict) else None
+    kept = {name: view for name, view in (views if isinstance(views, dict) else {}).items()
             if isinstance(view, Mapping) and is_sentence(view) and name not in table.get("views", {})}
     return {**table, "views": {**table.get("views", {}), **kept}} if kept else table

@@ -84,6 +84,8 @@ def test_a_mapping_of_records_is_read_with_each_key():
      "not in the sentence"),
     (TABLE, "{x:.2f}", {"x": {"where": {"mode": "fwd"}, "column": "shape"}}, "t/v"),
     (REPORT, "{x}", {"x": {"where": {"id": "H1"}, "column": "mean_diff"}}, "'in'"),
+    (TABLE, "{x}", {"x": {"where": {"mode": "fwd+bwd"}, "column": "shape", "pick": "max"}}, "needs numbers"),
+    (TABLE, "{x}", {"x": {"where": {"mode": "fwd"}, "column": "shape", "scale": -1}}, "scale multiplies"),
     (REPORT, "{x}", {"x": {"in": "plan.seeds", "pick": "count"}}, "plan.seeds"),
     (REPORT, "{x}", {"x": {"in": "plan_fingerprint", "pick": "count"}}, "neither a list"),
 ])
@@ -122,6 +124,8 @@ def test_a_rerun_keeps_the_sentence_views_of_the_file_it_replaces(tmp_path):
     kept = sentences.keep_sentence_views(path, rerun)
     assert kept["views"] == {"headline": {"columns": ["mode"]}, "mine": {"sentence": "new"}, "long": sentence}
     assert sentences.keep_sentence_views(tmp_path / "absent.json", rerun) is rerun
+    (tmp_path / "list.json").write_text("[1, 2]")
+    assert sentences.keep_sentence_views(tmp_path / "list.json", rerun) is rerun
 
 
 def test_write_json_keeps_the_sentence_views_of_the_file_it_replaces(tmp_path):
