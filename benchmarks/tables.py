@@ -18,6 +18,14 @@ rows). The exploratory efficacy study's tables draw on its reports side by side 
 each strategy's mean forgetting, for prose that quotes it). Under each table a line names the
 file it comes from, the GPU, versions, commit and date.
 
+Prose that quotes a figure asks for a *sentence view* the same way
+(``<!-- table:kernel-fused/long -->``): a view holding ``sentence``, a ``str.format`` template
+(or a list of them, one a line), and ``values``, each picked from the file's rows (or, with
+``in``, from a list of records such as a study report's ``hypotheses``) by ``where``, ``column``
+and ``pick`` (one, min, max, count), or combined by ``plus``, ``minus`` and ``over``. It renders
+the sentence alone, no source line: it stands by the table it quotes, or links the file with
+``{source}``. ``_harness/sentences.py`` documents the format.
+
 A table file holds ``title``, ``gpu``, ``torch``, ``triton`` and where known ``python``,
 ``timm``, ``avalanche``, ``commit`` (or a ``commit`` column), ``date`` and ``command``;
 ``columns`` (``name``, ``align`` "right" for numbers, ``format`` a Python format spec for
@@ -40,7 +48,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from _harness import efficacy_tables
+from _harness import efficacy_tables, sentences
 from cl_streamkl.experiment.study import tables as study_tables
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -183,12 +191,14 @@ def render(name: str, document: Path, results: Path = RESULTS) -> str:
     if not path.is_file():
         raise ValueError(f"table {name!r}: no result file {path.relative_to(results.parent.parent)}")
     table = json.loads(path.read_text())
+    source = f"[`{path.name}`]({_link(path, document)})"
+    if view and sentences.is_sentence(table.get("views", {}).get(view, {})):
+        return "\n".join(sentences.render_sentence(table, table["views"][view], source, name)) + "\n"
     if "plan_fingerprint" in table:  # a study report (cl-streamkl study --json)
-        return "\n".join(_study(table, view, f"[`{path.name}`]({_link(path, document)})")) + "\n"
+        return "\n".join(_study(table, view, source)) + "\n"
     if view and view not in table.get("views", {}):
         raise ValueError(f"table {name!r}: {path.name} has no view {view!r}")
     columns, rows = _select(table, table["views"][view]) if view else (table["columns"], table["rows"])
-    source = f"[`{path.name}`]({_link(path, document)})"
     return "\n".join(markdown_table(columns, rows) + ["", provenance(table, source, not view)]) + "\n"
 
 

@@ -29,6 +29,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+if __package__:  # imported as _harness.kl_tables
+    from _harness import sentences
+else:  # run as a script: its own folder is on sys.path
+    import sentences
+
 RESULTS = Path(__file__).resolve().parents[1] / "results"
 LINE = re.compile(r"^(?P<name>.+?) fwd_err=(?P<fwd>\S+) grad_err=(?P<grad>\S+) (?P<verdict>ok|FAIL)$")
 
@@ -214,7 +219,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         makers = {"known-lse": known_lse_table, "grouped-known-lse": grouped_known_lse_table, "fused": fused_table,
                   "grouped-fused": grouped_fused_table, "fused-tiles": fused_tiles_table}
         table = makers[args.kind](raw, args.env)
-    (RESULTS / f"{args.out}.json").write_text(json.dumps(table, indent=1, ensure_ascii=False) + "\n")
+    path = RESULTS / f"{args.out}.json"
+    path.write_text(json.dumps(sentences.keep_sentence_views(path, table), indent=1, ensure_ascii=False) + "\n")
     return 0
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from _harness import sentences
 from cl_streamkl._provenance import git_commit
 
 
@@ -102,8 +103,9 @@ def add_json_flag(parser: argparse.ArgumentParser, help: str = "also write the r
 def write_json(path: Path, payload: dict[str, Any]) -> None:
     """Write ``payload`` to ``path`` as indented JSON, with the date and the command line.
 
-    The folder is created if missing; ``date`` and ``command`` already in ``payload`` are kept.
+    The folder is created if missing; ``date`` and ``command`` already in ``payload`` are kept, and
+    so are the sentence views of a result file it replaces (``sentences.keep_sentence_views``).
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     stamped = {"date": time.strftime("%Y-%m-%d"), "command": " ".join(["python", *sys.argv]), **payload}
-    path.write_text(json.dumps(stamped, indent=1))
+    path.write_text(json.dumps(sentences.keep_sentence_views(path, stamped), indent=1))
