@@ -14,7 +14,7 @@ rows). The exploratory efficacy study's tables draw on its reports side by side 
 ``efficacy/task-penalty`` (each distilling unit's mean penalty), ``efficacy/<scenario>``,
 ``efficacy/<scenario>-paired`` and ``efficacy/<scenario>-tuning``. A study report
 (``cl-streamkl study --json``, e.g. ``confirm-1025.json``) has the views ``hypotheses``,
-``verdicts``, ``<scenario>``, ``<scenario>-paired`` and ``<scenario>-forgetting`` (one sentence:
+``verdicts``, ``<scenario>``, ``<scenario>-paired``, ``<scenario>-tuning`` and ``<scenario>-forgetting`` (one sentence:
 each strategy's mean forgetting, for prose that quotes it). Under each table a line names the
 file it comes from, the GPU, versions, commit and date.
 
@@ -138,7 +138,8 @@ def _efficacy(view: str, document: Path, results: Path) -> list[str]:
 
 def _study(report: dict[str, Any], view: str, source: str) -> list[str]:
     """A study report's views: ``hypotheses``, ``verdicts`` (one sentence per primary hypothesis),
-    ``<scenario>`` (mean ± std per strategy), ``<scenario>-paired`` and ``<scenario>-forgetting``."""
+    ``<scenario>`` (mean ± std per strategy), ``<scenario>-paired``, ``<scenario>-tuning`` (the
+    validation runs per setting) and ``<scenario>-forgetting``."""
     scenario, _, kind = view.partition("-")
     if view == "hypotheses":
         lines = study_tables.hypotheses_table(report)
@@ -146,11 +147,13 @@ def _study(report: dict[str, Any], view: str, source: str) -> list[str]:
         lines = study_tables.verdict_lines(report)
     elif scenario in report["scenarios"] and kind == "forgetting":
         lines = [forgetting_sentence(report, scenario)]
+    elif scenario in report["scenarios"] and kind == "tuning":
+        lines = study_tables.tuning_table(report, scenario)
     elif scenario in report["scenarios"] and kind in ("", "paired"):
         lines = (study_tables.paired_table([report], scenario) if kind else
                  study_tables.strategy_table([report], scenario))
     else:
-        raise ValueError(f"study report {source}: views are hypotheses, verdicts, <scenario>[-paired]")
+        raise ValueError(f"study report {source}: views are hypotheses, verdicts, <scenario>[-paired|-tuning|-forgetting]")
     environment = report["environment"]
     return lines + ["", f"Source: {source} ({environment['device']}, torch {environment['torch']}, triton "
                         f"{environment['triton']}, {study_tables.executions(report)}, {report['date']})."]
