@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 from test_attention_kl import DTYPE_IDS, DTYPES, error_bound, low_precision_rows, make_inputs, rel_err
+from test_attention_kl_grouped import assert_matches_single_kernels
 
 from cl_streamkl import attention_kl, attention_kl_grouped, attention_kl_reference
 from cl_streamkl.kernels.config import (
@@ -181,9 +182,11 @@ def test_grouped_kernels_take_the_variants(device):
         inputs = [tensor for problem in problems for tensor in problem[:2]]
         grads = torch.autograd.grad(out.sum(), inputs)
         single_grads = torch.autograd.grad(single.sum(), inputs)
-    assert torch.equal(out, single)
+    # On a GPU the values' 1e-6 bound is what tells the variants reached the grouped kernels: each
+    # variant moves the KL by about 1e-4 of its scale.
+    assert_matches_single_kernels(out, single, device)
     for grad, single_grad in zip(grads, single_grads):
-        assert torch.equal(grad, single_grad)
+        assert_matches_single_kernels(grad, single_grad, device)
     ref = torch.stack([attention_kl_reference(*problem, reduction="none") for problem in problems])
     assert rel_err(out, ref) < 1e-4
 
