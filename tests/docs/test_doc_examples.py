@@ -86,14 +86,14 @@ def example_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     names = {getattr(item, "originalname", None) for item in request.session.items}
     blocks = [item.callspec.params for item in request.session.items
               if getattr(item, "originalname", None) == "test_python_block_runs_alone"]
-    with ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0))) as pool:
-        runs = {}
-        if "test_readme_cli_example_runs" in names:
-            runs["cli"] = pool.submit(run_cli_example, _cli_commands(), tmp_path_factory.mktemp("cli"))
-        for params in blocks:
-            runs[params["path"], params["line"]] = pool.submit(run_alone, params["code"],
-                                                                tmp_path_factory.mktemp("block"))
-        yield runs
+    pool = ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0)))
+    runs = {}
+    if "test_readme_cli_example_runs" in names:
+        runs["cli"] = pool.submit(run_cli_example, _cli_commands(), tmp_path_factory.mktemp("cli"))
+    for params in blocks:
+        runs[params["path"], params["line"]] = pool.submit(run_alone, params["code"], tmp_path_factory.mktemp("block"))
+    yield runs
+    pool.shutdown(cancel_futures=True)  # after -x or an interrupt, the blocks not started yet never start
 
 
 @pytest.mark.slow
