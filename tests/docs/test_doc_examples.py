@@ -30,6 +30,7 @@ FENCE = re.compile(r"^(?:<!-- (?:fragment|not run): (?P<reason>.*?) -->\n)?```py
                    re.DOTALL | re.MULTILINE)
 CLI_EXAMPLE = re.compile(r"^<!-- run: cli example -->\n```bash\n(?P<code>.*?)^```$", re.DOTALL | re.MULTILINE)
 BLOCK_TIMEOUT_S = 600
+MOST_AT_ONCE = 4  # interpreters at once on a machine of many cores: each holds 1 to 2 GiB
 
 
 def python_blocks(text: str) -> list[tuple[int, str | None, str]]:
@@ -78,7 +79,7 @@ def run_cli_example(commands: list[str], cwd: Path) -> list[subprocess.Completed
 
 @pytest.fixture(scope="module")
 def example_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[object, Future]:
-    """Every example this pytest run selected, started at once on one worker per CPU core.
+    """Every example this pytest run selected, started at once on one worker per CPU core (at most MOST_AT_ONCE).
 
     By (page, line) for a Python block, ``"cli"`` for README's command-line example (queued first,
     as the longest).
@@ -86,7 +87,7 @@ def example_runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     names = {getattr(item, "originalname", None) for item in request.session.items}
     blocks = [item.callspec.params for item in request.session.items
               if getattr(item, "originalname", None) == "test_python_block_runs_alone"]
-    pool = ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0)))
+    pool = ThreadPoolExecutor(max_workers=min(len(os.sched_getaffinity(0)), MOST_AT_ONCE))
     runs = {}
     if "test_readme_cli_example_runs" in names:
         runs["cli"] = pool.submit(run_cli_example, _cli_commands(), tmp_path_factory.mktemp("cli"))

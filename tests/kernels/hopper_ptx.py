@@ -18,6 +18,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 SHARD = "CL_STREAMKL_TEST_SHARD"  # "i/n": compile cases i, i + n, i + 2n, ... of the list
+MOST_SHARDS = 8  # each process imports triton and torch (about 0.5 GiB); a file has 10 to 40 cases
 # 16-byte asynchronous global-to-shared copies: how tiles should be loaded on Hopper.
 COPY16 = re.compile(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10\b")
 
@@ -80,14 +81,15 @@ def print_counts(cases: Sequence[Any], counts: Callable[[Any], dict[str, int]]) 
 
 
 def compiled_counts(script: str, timeout: float) -> dict[str, dict[str, int]]:
-    """Run ``script`` in fresh processes without the interpreter, one per CPU core; its counts by case label.
+    """Run ``script`` in fresh processes without the interpreter, one per CPU core (at most MOST_SHARDS); its counts
+    by case label.
 
     Raises:
         AssertionError: a script process failed (its output is the message).
     """
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    shards = max(1, len(os.sched_getaffinity(0)))
+    shards = min(len(os.sched_getaffinity(0)), MOST_SHARDS)
     processes = [subprocess.Popen([sys.executable, script], env={**env, SHARD: f"{index}/{shards}"},
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
                  for index in range(shards)]
