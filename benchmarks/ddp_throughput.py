@@ -28,7 +28,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 from _harness.distributed import start_process_group
 from _harness.report import add_json_flag, aligned, cell, describe_environment, environment_line, header_line, run_settings, write_json
-from _harness.vit_training import DEFAULT_MODEL, TINY_MODEL_KWARGS, Trainer, build_distiller, build_model, time_steps
 
 TARGET_SCALING = 1.85
 TABLE = [("GPUs", 4), ("batch/GPU", 9), ("step ms", 8), ("images/s", 9), ("scaling", 7), ("peak GiB/GPU", 12)]
@@ -69,6 +68,10 @@ def print_table(rows: list[dict]) -> None:
 
 def measure(args: argparse.Namespace) -> int:
     """This rank's part of one world size's measurement; rank 0 prints the row and writes the JSON."""
+    # The ranks alone import timm and Avalanche: seconds of imports that the launching process
+    # would spend for nothing before each torchrun.
+    from _harness.vit_training import DEFAULT_MODEL, TINY_MODEL_KWARGS, Trainer, build_distiller, build_model, time_steps
+
     device = start_process_group(args.smoke)
     # timm's class token (1, 1, D) gets a gradient strided along its size-1 dimensions; DDP
     # copies those D numbers into its bucket and would warn about it.
@@ -102,8 +105,8 @@ def measure(args: argparse.Namespace) -> int:
                "peak_gib_per_gpu": None if peaks[0] is None else max(peaks), "peak_gib_by_rank": peaks}
         print_table([row])
         if args.json is not None:
-            write_json(args.json, {"environment": environment, "settings": run_settings(args), "tokens": tokens,
-                                   "rows": [row]})
+            write_json(args.json, {"environment": environment, "settings": run_settings(args), "model": DEFAULT_MODEL,
+                                   "tokens": tokens, "rows": [row]})
     dist.destroy_process_group()
     return 0
 
@@ -141,7 +144,7 @@ def launch(args: argparse.Namespace) -> int:
     two = next((row for row in rows if row["gpus"] == 2), None)
     meets = None if two is None or two["scaling"] is None else two["scaling"] >= TARGET_SCALING
     print("# " + environment_line(reports[0]["environment"]))
-    print(f"# {DEFAULT_MODEL} at {args.image_size} px ({reports[0]['tokens']} tokens), batch {args.batch} per GPU, "
+    print(f"# {reports[0]['model']} at {args.image_size} px ({reports[0]['tokens']} tokens), batch {args.batch} per GPU, "
           f"StreamKL distillation, DDP; slowest rank's median of {args.steps} steps after {args.warmup}")
     if meets is not None:
         print(f"# 2 GPUs: {two['scaling']:.2f}x one GPU's throughput, target {TARGET_SCALING}x: "

@@ -19,13 +19,16 @@ class Stop(Exception):
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
-    """A tiny naive run's checkpoint after its first of two experiences, and one after both."""
+    """A tiny naive run's checkpoint after its first of two experiences, and one after both.
+
+    Batches of 4: the replay's cost is the Triton interpreter's, one program per image and head.
+    """
     root = tmp_path_factory.mktemp("runs")
 
     def config(name):
         return ExperimentConfig.from_dict({
             "model_kwargs": {"depth": 2, "embed_dim": 16, "num_heads": 2}, "image_size": 8, "patch_size": 4,
-            "epochs": 1, "batch_size": 16, "strategies": ["naive"], "experiences": 2, "seeds": [0],
+            "epochs": 1, "batch_size": 4, "strategies": ["naive"], "experiences": 2, "seeds": [0],
             "device": "cpu", "out": str(root / name)}).resolved()
 
     def stop_after_one(trained, count):
@@ -47,9 +50,9 @@ def test_replays_the_next_experience_per_backend_with_float64_checks(checkpoints
     assert "experience 2 of 2, 5 tokens" in printed and printed.count("worst gradient rel. err.") == 4
     payload = json.loads(out.read_text())
     assert payload["title"].startswith("StreamKL penalty replaying experience 2 of a study checkpoint (naive seed 0,")
-    assert [row[:4] for row in payload["rows"]] == [["torch", "cross-entropy + penalty", 16, 3],
-                                                    ["triton", "cross-entropy + penalty", 16, 3],
-                                                    ["torch", "penalty alone", 16, 3], ["triton", "penalty alone", 16, 3]]
+    assert [row[:4] for row in payload["rows"]] == [["torch", "cross-entropy + penalty", 4, 3],
+                                                    ["triton", "cross-entropy + penalty", 4, 3],
+                                                    ["torch", "penalty alone", 4, 3], ["triton", "penalty alone", 4, 3]]
     assert all(len(row) == len(payload["columns"]) and row[8] == 2 for row in payload["rows"])
     assert [(run["backend"], run["cross_entropy"]) for run in payload["runs"]] == [
         ("torch", True), ("triton", True), ("torch", False), ("triton", False)]

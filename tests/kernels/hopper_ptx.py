@@ -1,7 +1,9 @@
-"""What the sm_90 compile tests share: compile every case in a fresh process, one line per kernel.
+"""What the sm_90 compile tests share: compile every case in fresh processes, one line per kernel.
 
 Each test file runs itself as a script (without ``TRITON_INTERPRET``, which the other tests
-set) and reads back one line per case: ``ok   LABEL | key=value ...`` counts of its PTX.
+set) and reads back one line per case: ``ok   LABEL | key=value ...`` counts of its PTX. The
+cases are dealt out to one script process per CPU core (``SHARD`` in the environment names a
+process's share), since Triton compiles a kernel on one core and the test waits for them all.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
+SHARD = "CL_STREAMKL_TEST_SHARD"  # "i/n": compile cases i, i + n, i + 2n, ... of the list
+MOST_SHARDS = 8  # each process imports triton and torch (about 0.5 GiB); a file has 10 to 40 cases
 # 16-byte asynchronous global-to-shared copies: how tiles should be loaded on Hopper.
 COPY16 = re.compile(r"cp\.async\.cg\.shared\.global \[[^]]*\], \[[^]]*\], 0x10\b")
 
@@ -59,11 +63,14 @@ def compile_sm90(kernel: Any, constants: dict[str, Any], pointer_type: Callable[
 def print_counts(cases: Sequence[Any], counts: Callable[[Any], dict[str, int]]) -> int:
     """The script's body: ``ok   LABEL | key=value ...`` per case, ``FAIL ...`` for a case that fails.
 
+    Only this process's share of ``cases`` when ``SHARD`` is set (every case otherwise).
+
     Returns:
         The exit status: 1 if any case failed, else 0.
     """
+    index, count = map(int, os.environ.get(SHARD, "0/1").split("/"))
     failures = 0
-    for case in cases:
+    for case in cases[index::count]:
         try:
             values = counts(case)
             print(f"ok   {case.label()} | " + " ".join(f"{key}={value}" for key, value in values.items()), flush=True)
@@ -74,18 +81,28 @@ def print_counts(cases: Sequence[Any], counts: Callable[[Any], dict[str, int]]) 
 
 
 def compiled_counts(script: str, timeout: float) -> dict[str, dict[str, int]]:
-    """Run ``script`` in a fresh process without the interpreter; its counts by case label.
+    """Run ``script`` in fresh processes without the interpreter, one per CPU core (at most MOST_SHARDS); its counts
+    by case label.
 
     Raises:
-        AssertionError: the script failed (its output is the message).
+        AssertionError: a script process failed (its output is the message).
     """
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    result = subprocess.run([sys.executable, script], env=env, capture_output=True, text=True, timeout=timeout,
-                            cwd=REPO)
-    assert result.returncode == 0, result.stdout + result.stderr
+    shards = min(len(os.sched_getaffinity(0)), MOST_SHARDS)
+    processes = [subprocess.Popen([sys.executable, script], env={**env, SHARD: f"{index}/{shards}"},
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+                 for index in range(shards)]
+    try:
+        outputs = [process.communicate(timeout=timeout) for process in processes]
+    finally:  # a timeout or an interrupt leaves no compiler running
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+    for process, (stdout, stderr) in zip(processes, outputs):
+        assert process.returncode == 0, stdout + stderr
     counts = {}
-    for line in result.stdout.splitlines():
+    for line in "".join(stdout for stdout, _ in outputs).splitlines():
         label, _, values = line.removeprefix("ok   ").partition(" | ")
         counts[label] = {key: int(value) for key, value in (item.split("=") for item in values.split())}
     return counts

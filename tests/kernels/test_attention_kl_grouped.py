@@ -66,8 +66,16 @@ def timm_qk(batch, tokens, heads, dim, device, requires_grad=True):
     return qkv, q, k
 
 
-@pytest.mark.parametrize("shape", GROUPED_SHAPES, ids=shape_id)
-@pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS.get)
+# Every dtype on every shape but the longest, which runs in bf16 only: fp16 and fp32 meet 197
+# tokens in test_attention_kl's single-problem cases, whose kernels compute bit for bit what the
+# grouped ones do (test_backends_agree_and_match_the_single_problem_kernels_bit_for_bit), and each
+# interpreted case at 197 tokens costs seconds.
+PER_PROBLEM_CASES = [(dtype, shape) for shape in GROUPED_SHAPES for dtype in DTYPES
+                     if shape[3] < 197 or dtype == torch.bfloat16]
+
+
+@pytest.mark.parametrize(("dtype", "shape"), PER_PROBLEM_CASES,
+                         ids=[f"{DTYPE_IDS[dtype]}-{shape_id(shape)}" for dtype, shape in PER_PROBLEM_CASES])
 def test_matches_reference_per_problem(dtype, shape, device):
     torch.manual_seed(20)
     problems = make_problems(shape, dtype, device)
