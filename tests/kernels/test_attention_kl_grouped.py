@@ -67,9 +67,10 @@ def timm_qk(batch, tokens, heads, dim, device, requires_grad=True):
 
 
 # Every dtype on every shape but the longest, which runs in bf16 only: fp16 and fp32 meet 197
-# tokens in test_attention_kl's single-problem cases, whose kernels compute bit for bit what the
-# grouped ones do (test_backends_agree_and_match_the_single_problem_kernels_bit_for_bit), and each
-# interpreted case at 197 tokens costs seconds.
+# tokens in test_attention_kl's single-problem cases, whose kernels compute what the grouped ones
+# do (bit for bit under the interpreter, to rounding on a GPU:
+# test_backends_agree_and_match_the_single_problem_kernels_bit_for_bit), and each interpreted case
+# at 197 tokens costs seconds.
 PER_PROBLEM_CASES = [(dtype, shape) for shape in GROUPED_SHAPES for dtype in DTYPES
                      if shape[3] < 197 or dtype == torch.bfloat16]
 
