@@ -153,7 +153,8 @@ def _study(report: dict[str, Any], view: str, source: str) -> list[str]:
         lines = (study_tables.paired_table([report], scenario) if kind else
                  study_tables.strategy_table([report], scenario))
     else:
-        raise ValueError(f"study report {source}: views are hypotheses, verdicts, <scenario>[-paired|-tuning|-forgetting]")
+        raise ValueError(f"study report {source}: views are hypotheses, verdicts, "
+                         "<scenario>[-paired|-tuning|-forgetting]")
     environment = report["environment"]
     return lines + ["", f"Source: {source} ({environment['device']}, torch {environment['torch']}, triton "
                         f"{environment['triton']}, {study_tables.executions(report)}, {report['date']})."]
