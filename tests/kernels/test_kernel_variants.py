@@ -182,11 +182,19 @@ def test_grouped_kernels_take_the_variants(device):
         inputs = [tensor for problem in problems for tensor in problem[:2]]
         grads = torch.autograd.grad(out.sum(), inputs)
         single_grads = torch.autograd.grad(single.sum(), inputs)
-    # On a GPU the values' 1e-6 bound is what tells the variants reached the grouped kernels: each
-    # variant moves the KL by about 1e-4 of its scale.
-    assert_matches_single_kernels(out, single, device)
     for grad, single_grad in zip(grads, single_grads):
         assert_matches_single_kernels(grad, single_grad, device)
+    if device == "cpu":
+        assert torch.equal(out, single)
+    else:
+        # On a GPU the grouped kernels run their own tiles, so the exponentials a variant
+        # approximates are not all the same ones as in the single kernels (the values differ by
+        # about 5e-6 on an H100; a variant moves them by about 2e-5 under the interpreter). What tells the variants
+        # reached the grouped kernels is that they change the grouped kernels' own (deterministic)
+        # result.
+        plain = attention_kl_grouped(problems, reduction="none", backend="triton")
+        assert rel_err(out, plain) > 1e-6
+        assert rel_err(out, single) < 1e-4
     ref = torch.stack([attention_kl_reference(*problem, reduction="none") for problem in problems])
     assert rel_err(out, ref) < 1e-4
 
