@@ -188,10 +188,10 @@ def test_grouped_kernels_take_the_variants(device):
         assert torch.equal(out, single)
     else:
         # On a GPU the grouped kernels run their own tiles, so the exponentials a variant
-        # approximates are not all the same ones as in the single kernels (the values differ by
-        # about 5e-6 on an H100; a variant moves them by about 2e-5 under the interpreter). What tells the variants
-        # reached the grouped kernels is that they change the grouped kernels' own (deterministic)
-        # result.
+        # approximates are not all the same ones as in the single kernels: the values differ by
+        # about 5e-6 on an H100, while a variant moves them by about 2e-5 under the interpreter.
+        # What tells the variants reached the grouped kernels is that they change the grouped
+        # kernels' own (deterministic) result.
         plain = attention_kl_grouped(problems, reduction="none", backend="triton")
         assert rel_err(out, plain) > 1e-6
         assert rel_err(out, single) < 1e-4
