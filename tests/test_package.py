@@ -68,8 +68,7 @@ def test_the_op_runs_without_any_wing_dependency() -> None:
 
 @pytest.mark.parametrize(("wing", "blocked", "message"), [
     ("cl_streamkl.capture", ("timm",), 'cl_streamkl.capture needs timm: pip install "cl-streamkl[capture]"'),
-    ("cl_streamkl.strategies", ("avalanche",),
-     'cl_streamkl.strategies needs avalanche-lib: pip install "cl-streamkl[strategies]"'),
+    ("cl_streamkl.strategies", ("timm",), 'cl_streamkl.strategies needs timm: pip install "cl-streamkl[strategies]"'),
     ("cl_streamkl.experiment", ("matplotlib", "psutil"),
      'cl_streamkl.experiment needs matplotlib, psutil: pip install "cl-streamkl[experiment]"'),
 ])
@@ -77,6 +76,42 @@ def test_a_wing_without_its_extra_names_the_extra(wing: str, blocked: tuple[str,
     result = run_without(blocked, f"import {wing}")
     assert result.returncode != 0
     assert result.stderr.strip().splitlines()[-1] == f"ImportError: {message}"
+
+
+def test_the_distillers_run_without_avalanche_and_the_plugins_name_the_extra() -> None:
+    code = (
+        "import timm, torch\n"
+        "import cl_streamkl.strategies as strategies\n"
+        "vit = timm.create_model('vit_tiny_patch16_224', img_size=16, patch_size=8, num_classes=2, depth=1)\n"
+        "distiller = strategies.AttentionDistiller(alpha=1.0)\n"
+        "distiller.update_teacher(vit)\n"
+        "with torch.no_grad():\n"
+        "    vit.head.weight.add_(1.0)\n"
+        "    vit.blocks[0].attn.qkv.weight.mul_(2.0)\n"
+        "output, penalty = distiller.forward(vit, torch.randn(2, 3, 16, 16))\n"
+        "assert output.shape == (2, 2) and penalty.item() > 0, penalty\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & BLOCKED))\n"
+        "from cl_streamkl.strategies import StreamKLPlugin\n"
+    )
+    result = run_without(("avalanche",), code)
+    assert result.stdout.strip() == "[]", result.stderr
+    assert result.stderr.strip().splitlines()[-1] == (
+        'ImportError: cl_streamkl.strategies.StreamKLPlugin needs avalanche-lib: pip install "cl-streamkl[strategies]"')
+
+
+def test_the_strategies_import_avalanche_only_for_its_plugins() -> None:
+    code = (
+        "import cl_streamkl.strategies as strategies\n"
+        "before = 'avalanche' in sys.modules\n"
+        "plugin = strategies.PADPlugin\n"
+        "assert plugin.__module__ == 'cl_streamkl.strategies.plugin'\n"
+        "assert set(strategies.__all__) <= set(dir(strategies))\n"
+        "assert not hasattr(strategies, 'NoSuchPlugin')\n"
+        "print(before, 'avalanche' in sys.modules)\n"
+    )
+    result = run_without((), code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "False True"
 
 
 def test_the_command_line_help_imports_no_avalanche() -> None:
