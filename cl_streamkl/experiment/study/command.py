@@ -62,8 +62,8 @@ examples:
 Machines that end a call at a time limit: --time-limit starts no experience that would end
 after it (a unit goes on from its checkpoint in the next start); --hard-limit kills the
 workers still training then; --archive packs what the next start needs (in parts of at most
-15 MiB) and --from-archive unpacks it on the next machine; --from-report restores finished units from a
-committed report; --max-unfinished bounds the checkpoints an archive carries. Several worker
+15 MiB) and --from-archive unpacks it on the next machine; --from-report restores finished
+units from a committed report; --max-unfinished bounds the checkpoints an archive carries. Several worker
 processes share a GPU (under NVIDIA MPS if it runs); --gpus spreads them over GPUs.
 See docs/study.md for the plan file's keys.
 """
