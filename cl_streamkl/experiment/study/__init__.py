@@ -10,7 +10,8 @@ pre-registered confirmation, driven by a plan file.
 * :mod:`~cl_streamkl.experiment.study.report`, :mod:`~cl_streamkl.experiment.study.tables`,
   :mod:`~cl_streamkl.experiment.study.outputs`: the report, its Markdown tables and its plot.
 * :mod:`~cl_streamkl.experiment.study.files`: strict plan files, reports and safe archives;
-  :mod:`~cl_streamkl.experiment.study.carry_checks`: the records an archive or a report carries.
+  :mod:`~cl_streamkl.experiment.study.carry_checks`: the records an archive or a report carries;
+  :mod:`~cl_streamkl.experiment.study.spent`: what an archive leaves out.
 * :mod:`~cl_streamkl.experiment.study.start_checks`: the folders, device and data of a start, and
   its lock on ``--out``.
 * :mod:`~cl_streamkl.experiment.study.command`: the command line.

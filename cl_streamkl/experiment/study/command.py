@@ -39,6 +39,7 @@ from cl_streamkl.experiment.study.plan import (
     PlanError, Unit, choose, fingerprint, first_units, load_plan, test_units, tuning_units,
 )
 from cl_streamkl.experiment.study.rates import finished_records
+from cl_streamkl.experiment.study.spent import spent_files
 from cl_streamkl.experiment.study.start_checks import (
     check_archive_file, check_data, check_device, check_out, check_report_file, default_out, hold_folder,
 )
@@ -60,9 +61,9 @@ examples:
 
 Machines that end a call at a time limit: --time-limit starts no experience that would end
 after it (a unit goes on from its checkpoint in the next start); --hard-limit kills the
-workers still training then; --archive packs the folder (in parts of at most 15 MiB) and
---from-archive unpacks it on the next machine; --from-report restores finished units from a
-committed report; --max-unfinished bounds the checkpoints an archive carries. Several worker
+workers still training then; --archive packs what the next start needs (in parts of at most
+15 MiB) and --from-archive unpacks it on the next machine; --from-report restores finished
+units from a committed report; --max-unfinished bounds the checkpoints an archive carries. Several worker
 processes share a GPU (under NVIDIA MPS if it runs); --gpus spreads them over GPUs.
 See docs/study.md for the plan file's keys.
 """
@@ -104,7 +105,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--last-start", action="store_true",
                         help="with --time-limit: start no unit that would not finish in this start")
     parser.add_argument("--out", type=Path, help="folder of the units (default: runs/study-<regime>)")
-    parser.add_argument("--archive", type=Path, metavar="TAR_GZ", help="at the end, pack --out into this file")
+    parser.add_argument("--archive", type=Path, metavar="TAR_GZ", help="at the end, pack --out into this file: the plan, the records, unfinished units' checkpoints "
+                             "and the shared first experiences still needed")
     parser.add_argument("--from-archive", type=Path, metavar="TAR_GZ", help="first unpack this --archive into --out")
     parser.add_argument("--from-report", type=Path, metavar="REPORT",
                         help="first restore the finished units of this report (of the same plan) into --out")
@@ -349,7 +351,7 @@ def _run(args: argparse.Namespace, plan: dict[str, Any], registration: dict[str,
     report["command"] = args.command
     written = write_outputs(report, args.out, args.json)
     if args.archive:
-        written += write_archive(args.out, args.archive)
+        written += write_archive(args.out, args.archive, spent_files(args.out, plan, finished_records(args.out)))
     from cl_streamkl.experiment.study.tables import side_by_side
 
     print(side_by_side([report]))

@@ -7,6 +7,8 @@ tested and they are Holm's family. ``hypotheses`` fix a confirmatory test in adv
 paired comparison, a metric and the direction claimed; the ``primary`` ones are one Holm family,
 the ``secondary`` another, and a hypothesis is confirmed when its Holm-adjusted two-sided
 paired-t p-value is below ``alpha`` and its mean difference lies in the claimed direction.
+While a family has a hypothesis short of seeds, the Holm p of a complete one is not known yet,
+only its bounds: a verdict is given only where they settle it (:func:`verdict`).
 """
 
 from __future__ import annotations
@@ -102,9 +104,9 @@ def verdicts(plan: dict[str, Any], runs: dict[str, list[dict[str, Any]]]) -> lis
     Returns:
         One entry per hypothesis, in plan order: the hypothesis, ``seeds``, ``differences``
         (percentage points, strategy − baseline), ``mean_diff``, ``ci95``, ``p_value``,
-        ``p_holm`` (within its role's family), ``verdict`` (``confirmed``, ``not confirmed``,
-        or ``incomplete`` until every test seed has both runs), and ``beside``: for
-        :data:`BESIDE`, the per-seed values of strategy and baseline and their mean difference.
+        ``p_holm`` (within its role's family, over the p-values known so far), ``verdict``
+        (:func:`verdict`), and ``beside``: for :data:`BESIDE`, the per-seed values of strategy
+        and baseline and their mean difference.
     """
     from cl_streamkl.experiment.statistics import holm_adjust, paired_t_test, t_interval
 
@@ -130,12 +132,36 @@ def verdicts(plan: dict[str, Any], runs: dict[str, list[dict[str, Any]]]) -> lis
         family = [e for e in entries if e["role"] == role]
         for entry, adjusted in zip(family, holm_adjust([e["p_value"] for e in family])):
             entry["p_holm"] = adjusted
-    for entry in entries:
-        sign = DIRECTIONS[entry["direction"]]
-        entry["verdict"] = ("incomplete" if not entry["complete"] or entry["p_holm"] is None else
-                            "confirmed" if entry["p_holm"] < ALPHA and sign * entry["mean_diff"] > 0 else
-                            "not confirmed")
+        for entry in family:
+            entry["verdict"] = verdict(entry, len(family), all(e["complete"] for e in family))
     return entries
+
+
+def verdict(entry: dict[str, Any], family_size: int, family_complete: bool) -> str:
+    """A hypothesis's verdict: ``confirmed``, ``not confirmed``, ``pending`` or ``incomplete``.
+
+    ``incomplete`` until every test seed has both runs (or without a p-value). Once its whole
+    family is complete: ``confirmed`` when Holm's p is below :data:`ALPHA` and the mean
+    difference lies in the claimed direction, else ``not confirmed``. Before, whatever p-values
+    the rest of the family turns out to have, its Holm p lies between its raw p and
+    min(1, m·p) (m: the family's size): ``confirmed`` when m·p is below :data:`ALPHA` (and
+    the direction is right), ``not confirmed`` when p is not (or the direction is wrong), else
+    ``pending``.
+
+    Args:
+        entry: the hypothesis's entry (``complete``, ``direction``, ``mean_diff``, ``p_value``,
+            ``p_holm``).
+        family_size: how many hypotheses its role has.
+        family_complete: whether each of them has every test seed.
+    """
+    if not entry["complete"] or entry["p_holm"] is None:
+        return "incomplete"
+    claimed = DIRECTIONS[entry["direction"]] * entry["mean_diff"] > 0
+    if family_complete:
+        return "confirmed" if entry["p_holm"] < ALPHA and claimed else "not confirmed"
+    if not claimed or entry["p_value"] >= ALPHA:
+        return "not confirmed"
+    return "confirmed" if family_size * entry["p_value"] < ALPHA else "pending"
 
 
 def _value(run: dict[str, Any], metric: str) -> float | None:

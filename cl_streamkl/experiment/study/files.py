@@ -11,13 +11,14 @@ import io
 import json
 import re
 import tarfile
+from collections.abc import Collection
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 # A part of an archive stays below what a machine may return per file (16 MiB).
 ARCHIVE_PART_BYTES = 15 * 2**20
 # What an archive may hold: the plan, finished units' records, unfinished units' runs, shared
-# first experiences.
+# first experiences still needed (:func:`~cl_streamkl.experiment.study.spent.spent_files`).
 ARCHIVE_ROOTS = ("plan.json", "units", "runs", "first")
 # A unit's name as Unit.name makes it: letters, digits, '-', '+', '_', '.'; no separator.
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
@@ -92,9 +93,16 @@ def archive_parts(path: Path) -> list[Path]:
     return parts
 
 
-def write_archive(root: Path, path: Path) -> list[Path]:
+def write_archive(root: Path, path: Path, leave_out: Collection[str] = ()) -> list[Path]:
     """The study folder's plan, records, unfinished runs and shared first experiences, as a
-    .tar.gz in parts of at most :data:`ARCHIVE_PART_BYTES` (``path``, ``path.1``, ...)."""
+    .tar.gz in parts of at most :data:`ARCHIVE_PART_BYTES` (``path``, ``path.1``, ...).
+
+    Args:
+        root: the study folder.
+        path: the archive's first part.
+        leave_out: paths under ``root`` not packed, with all they hold, relative to it as
+            archive members are named (``runs/<unit>``, ``first/<unit>.pt``).
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     for stale in archive_parts(path)[1:]:
         stale.unlink()
@@ -102,7 +110,8 @@ def write_archive(root: Path, path: Path) -> list[Path]:
     with tarfile.open(fileobj=whole, mode="w:gz") as archive:
         for name in ARCHIVE_ROOTS:
             if (root / name).exists():
-                archive.add(root / name, arcname=name)
+                archive.add(root / name, arcname=name,
+                            filter=lambda member: None if member.name in leave_out else member)
     data = whole.getvalue()
     parts = [path if i == 0 else path.with_name(f"{path.name}.{i}")
              for i in range(max(1, -(-len(data) // ARCHIVE_PART_BYTES)))]

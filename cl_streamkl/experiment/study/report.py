@@ -37,7 +37,11 @@ DEFINITIONS = {
     "earlier_final_accuracy": "after the last experience, the mean accuracy on the experiences before it",
     "hypotheses": "per hypothesis of a confirmatory plan: paired differences (pp), Student-t interval, two-sided "
                   "paired t-test, Holm over its role's family (primary or secondary); confirmed when p_holm < 0.05 "
-                  "and the mean difference lies in the claimed direction",
+                  "and the mean difference lies in the claimed direction, else not confirmed; incomplete until "
+                  "every test seed has both runs. While another hypothesis of its family is incomplete, p_holm is "
+                  "not final but lies between p_value and m times it (m: the family's size): confirmed when m * "
+                  "p_value < 0.05 (direction as claimed), not confirmed when p_value >= 0.05 or the direction is "
+                  "not the claimed one, else pending",
 }
 
 

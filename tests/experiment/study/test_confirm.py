@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import tarfile
 
 import pytest
 from study_helpers import one_line_error, tiny_plan, write_plan
@@ -133,6 +134,27 @@ def test_a_registered_plan_confirms_from_one_shared_first_experience(tmp_path, c
         assert [number for number, _ in first["experience_s"]] == [1]
     assert all(r["execution"]["preregistration"] == {"sha256": registration["sha256"],
                                                      "commit": registration["commit"]} for r in records.values())
+    # An archive carries the shared first experiences still needed and no finished unit's run folder
+    # (here stale: as an older archive unpacked over finished records leaves it); a start from it
+    # finishes the units left.
+    partial, pruned = tmp_path / "partial", tmp_path / "pruned.tar.gz"
+    shutil.copytree(out, partial)
+    tested = {seed: [n for n, r in records.items() if r["unit"]["part"] == "test" and r["seed"] == seed]
+              for seed in (0, 1)}
+    for name in tested[1][:2]:
+        (partial / "units" / f"{name}.json").unlink()
+    (partial / "runs" / tested[0][0]).mkdir(parents=True)
+    (partial / "runs" / f"{tested[0][0]}.begun").touch()
+    assert main([str(path), "--part", "plan", "--out", str(partial), "--archive", str(pruned)]) == 0
+    with tarfile.open(pruned) as opened:
+        members = {member.name for member in opened.getmembers()}
+    firsts = [n for n, r in records.items() if r["unit"]["part"] == "first"]
+    assert {m for m in members if m.startswith("first/")} == {
+        f"first/{n}.pt" for n in firsts if records[n]["seed"] == 1}
+    assert {f"units/{n}.json" for n in firsts} <= members and not any(m.startswith("runs/test-") for m in members)
+    assert main([*confirm[:-1], str(tmp_path / "resumed"), "--from-archive", str(pruned)]) == 0
+    assert json.loads((tmp_path / "resumed" / "report.json").read_text())["units"]["test"] == [10, 10]
+    capsys.readouterr()
     # Confirmatory units run on one commit and one worker layout.
     assert main([*confirm[:-4], "--workers", "1", "--commit", "abc1234", "--out", str(out)]) == 2
     assert "confirmatory units run on one commit and one worker layout: unit" in one_line_error(capsys)

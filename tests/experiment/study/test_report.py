@@ -10,6 +10,7 @@ import pytest
 from study_helpers import tiny_plan
 
 from cl_streamkl.experiment.run_result import RunResult
+from cl_streamkl.experiment.statistics import holm_adjust
 from cl_streamkl.experiment.study.comparisons import earlier_final_accuracy, verdicts
 from cl_streamkl.experiment.study.outputs import write_outputs
 from cl_streamkl.experiment.study.plan import check_plan, first_units, tuning_units
@@ -22,6 +23,7 @@ from cl_streamkl.experiment.study.tables import (
     hypotheses_table,
     side_by_side,
     tuning_table,
+    verdict_lines,
 )
 
 ENVIRONMENT = {"device": "cpu (x86_64)", "torch": "2", "triton": None, "python": "3", "commit": "abc1234"}
@@ -123,6 +125,49 @@ def test_each_hypothesis_gets_a_verdict_with_holm_per_role():
     assert rows[2].startswith("| H1 | primary | class | lwf+streamkl − lwf | forgetting (lower) | 3 | -21.0 [")
     assert "**confirmed**" in rows[2] and "| incomplete |" in rows[4]
     assert verdicts({"hypotheses": [HYPOTHESES[0]], "test_seeds": [0, 1]}, {})[0]["verdict"] == "incomplete"
+
+
+def _claim(name, strategy, role="primary", direction="lower"):
+    return {"id": name, "scenario": "class", "arm": "", "strategy": strategy, "baseline": "base",
+            "metric": "forgetting", "direction": direction, "role": role}
+
+
+# Three primary hypotheses and three secondary ones, each a strategy against one baseline.
+FAMILIES = {"test_seeds": [0, 1, 2], "hypotheses": [
+    _claim("H1", "a"), _claim("H2", "b"), _claim("H3", "c"),
+    _claim("S1", "d", "secondary"), _claim("S2", "e", "secondary", "higher"), _claim("S3", "f", "secondary")]}
+
+
+def _runs(differences):
+    """The test runs of scenario class: ``base`` forgets 0.5 on every seed, each strategy 0.5 plus
+    its differences (pp) on seeds 0, 1, ... (as many seeds as differences)."""
+    runs = [{"arm": "", "strategy": "base", "seed": seed, "forgetting": 0.5, "accuracy_matrix": [[0.9]]}
+            for seed in range(3)]
+    runs += [{"arm": "", "strategy": strategy, "seed": seed, "forgetting": 0.5 + value / 100,
+              "accuracy_matrix": [[0.9]]} for strategy, values in differences.items() for seed, value in enumerate(values)]
+    return {"class": runs}
+
+
+def test_a_verdict_comes_before_its_family_is_complete_only_where_holms_bounds_settle_it():
+    """While H3 and S3 lack a seed, Holm's p of the others lies between their raw p and 3 p."""
+    runs = {"a": [-2, -3, -4], "b": [-20, -23, -20], "d": [-1, -2, -3], "e": [-20, -23, -20], "f": [-1, -2]}
+    early = {e["id"]: e for e in verdicts(FAMILIES, _runs({**runs, "c": [-20, -21]}))}
+    assert early["H2"]["p_value"] == pytest.approx(0.0023, abs=1e-4)
+    assert early["H2"]["verdict"] == "confirmed"  # 3 · 0.0023 < 0.05, whatever H3's p turns out to be
+    assert early["H1"]["p_value"] == pytest.approx(0.035, abs=1e-3)
+    assert early["H1"]["verdict"] == "pending"  # 0.035 < 0.05 <= 3 · 0.035: H3 decides
+    assert early["S1"]["p_value"] == pytest.approx(0.074, abs=1e-3) and early["S1"]["verdict"] == "not confirmed"
+    assert early["S2"]["p_value"] < 0.01 and early["S2"]["verdict"] == "not confirmed"  # the other way
+    assert early["H3"]["verdict"] == early["S3"]["verdict"] == "incomplete"
+    rows = hypotheses_table({"hypotheses": list(early.values())})
+    assert "| **confirmed** |" in rows[3] and "| pending |" in rows[2] and "| incomplete |" in rows[4]
+    assert verdict_lines({"hypotheses": list(early.values())})[0].startswith("- **Pending** (H1, class scenario")
+    # Complete, a family is Holm's as before: H1 is confirmed beside a strong H3, not beside a weak one.
+    for last, expected in (([-20, -21, -25], ["confirmed"] * 3), ([-1, 1, -3], ["not confirmed", "confirmed",
+                                                                                 "not confirmed"])):
+        primary = [e for e in verdicts(FAMILIES, _runs({**runs, "c": last})) if e["role"] == "primary"]
+        assert [e["p_holm"] for e in primary] == holm_adjust([e["p_value"] for e in primary])
+        assert [e["verdict"] for e in primary] == expected
 
 
 def test_a_shared_first_experience_is_counted_as_its_own_part():
