@@ -36,7 +36,7 @@ from cl_streamkl.experiment.study import units as study_units
 from cl_streamkl.experiment.study.carry_checks import archive_records, report_records
 from cl_streamkl.experiment.study.files import StudyFileError, open_archive, read_json, unpack_archive, write_archive
 from cl_streamkl.experiment.study.plan import (
-    PlanError, Unit, choose, fingerprint, first_units, load_plan, test_units, tuning_units,
+    PlanError, Unit, chosen_test_units, fingerprint, first_units, load_plan, tuning_units,
 )
 from cl_streamkl.experiment.study.rates import finished_records
 from cl_streamkl.experiment.study.spent import spent_files
@@ -105,8 +105,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--last-start", action="store_true",
                         help="with --time-limit: start no unit that would not finish in this start")
     parser.add_argument("--out", type=Path, help="folder of the units (default: runs/study-<regime>)")
-    parser.add_argument("--archive", type=Path, metavar="TAR_GZ", help="at the end, pack --out into this file: the plan, the records, unfinished units' checkpoints "
-                             "and the shared first experiences still needed")
+    parser.add_argument("--archive", type=Path, metavar="TAR_GZ",
+                        help="at the end, pack --out into this file: the plan, the records, unfinished units' "
+                             "checkpoints and the shared first experiences still needed")
     parser.add_argument("--from-archive", type=Path, metavar="TAR_GZ", help="first unpack this --archive into --out")
     parser.add_argument("--from-report", type=Path, metavar="REPORT",
                         help="first restore the finished units of this report (of the same plan) into --out")
@@ -209,12 +210,12 @@ def _units(plan: dict[str, Any], args: argparse.Namespace, part: str, records: d
             continue
         from cl_streamkl.experiment.study.report import tuning_scores
 
-        tables, complete = choose(plan, scenario, tuning_scores(plan, records))
-        if not complete:
+        tests = chosen_test_units(plan, scenario, tuning_scores(plan, records))
+        if tests is None:
             if args.part in ("test", "confirm"):
                 return f"the tuning of scenario {scenario} is not finished; run --part tune first"
             continue
-        units += test_units(plan, scenario, {name: t["chosen"] for name, t in tables.items()})
+        units += tests
     if part == "first":
         return first_units(plan, units)
     return units
@@ -347,11 +348,12 @@ def _run(args: argparse.Namespace, plan: dict[str, Any], registration: dict[str,
                 unfinished, failed = unfinished + outcome.unfinished, failed + outcome.failed
                 if hard_deadline is not None and time.time() >= hard_deadline:
                     break  # the workers are gone
-    report = build_report(plan, finished_records(args.out), environment)
+    records = finished_records(args.out)
+    report = build_report(plan, records, environment)
     report["command"] = args.command
     written = write_outputs(report, args.out, args.json)
     if args.archive:
-        written += write_archive(args.out, args.archive, spent_files(args.out, plan, finished_records(args.out)))
+        written += write_archive(args.out, args.archive, spent_files(args.out, plan, records))
     from cl_streamkl.experiment.study.tables import side_by_side
 
     print(side_by_side([report]))

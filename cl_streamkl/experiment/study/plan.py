@@ -398,6 +398,12 @@ def test_units(plan: dict[str, Any], scenario: str, chosen: dict[str, dict[str, 
     return units
 
 
+def chosen_test_units(plan: dict[str, Any], scenario: str, scores: dict[Unit, float]) -> list[Unit] | None:
+    """:func:`test_units` with the settings :func:`choose` picks from ``scores``; None while tuning is unfinished."""
+    tables, complete = choose(plan, scenario, scores)
+    return test_units(plan, scenario, {name: t["chosen"] for name, t in tables.items()}) if complete else None
+
+
 def first_units(plan: dict[str, Any], units: Sequence[Unit]) -> list[Unit]:
     """The shared first experiences ``units`` start from (none unless the plan shares them)."""
     if not shares_first_experience(plan):

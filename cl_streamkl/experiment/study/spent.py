@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from cl_streamkl.experiment.study.plan import choose, first_unit, first_units, test_units
+from cl_streamkl.experiment.study.plan import chosen_test_units, first_unit, first_units
 from cl_streamkl.experiment.study.report import tuning_scores
 from cl_streamkl.experiment.study.units import first_path
 
@@ -42,11 +42,8 @@ def spent_files(root: Path, plan: dict[str, Any], records: dict[str, dict[str, A
             spent.add(f"runs/{path.name}")
     scores = tuning_scores(plan, records)
     for scenario in plan["scenarios"]:
-        tables, complete = choose(plan, scenario, scores)
-        if not complete:
-            continue
-        tests = test_units(plan, scenario, {family: table["chosen"] for family, table in tables.items()})
-        for first in first_units(plan, tests):
+        tests = chosen_test_units(plan, scenario, scores)
+        for first in first_units(plan, tests or []):
             if all(unit.name in records for unit in tests if first_unit(unit) == first):
                 spent.add(first_path(str(root), first).relative_to(root).as_posix())
     return spent
