@@ -201,7 +201,7 @@ def build_model(
     Raises:
         ValueError: unknown name, a model without patch embedding, a size mismatch,
             a missing, empty or unreadable weights file, weights that do not fit the
-            architecture, sizes too large to allocate,
+            architecture, sizes too large to allocate, values the model's own checks refuse,
             ``model_kwargs`` asking timm to download weights, or a stem the model or
             patch size cannot take.
     """
@@ -236,7 +236,9 @@ def build_model(
             raise ValueError(wrong) from None
         if isinstance(err, RuntimeError) and path is not None:  # timm lists every mismatched tensor
             raise ValueError(_mismatch(name, path, model_kwargs or {}, patch_size, err)) from None
-        if isinstance(err, (RuntimeError, MemoryError, OverflowError)):  # sizes too large to allocate
+        # Sizes too large to allocate, or values the model's own checks refuse (timm asserts that
+        # embed_dim divides by num_heads).
+        if isinstance(err, (RuntimeError, MemoryError, OverflowError, AssertionError)):
             built = " ".join(f"{k}={v}" for k, v in (model_kwargs or {}).items()) or "none"
             raise ValueError(f"timm model {name!r} cannot be built with --model-kwargs {built}: "
                              f"{_first_line(err)}") from None

@@ -27,19 +27,37 @@ def after_lost_peer(out: str | None, world_size: int) -> str:
     return "nothing was written; stop any process of the run still running and start it again"
 
 
+# What a run writes in its folder besides config.json and the result files: plots, checkpoints
+# and the loggers' folders.
+_RUN_NAMES = ("average_accuracy.png", "checkpoints", "tensorboard", "csv", "wandb")
+_RUN_PATTERNS = ("accuracy_matrix_*.png",)
+
+
 def refuse_used_folder(out_dir: Path, resume: bool) -> None:
-    """A new run needs a folder that holds no run (``--resume`` continues one).
+    """A new run needs a folder that holds no run and nothing the run would overwrite.
+
+    Other files (a scheduler's log, notes) may share the folder; ``--resume`` continues a run.
 
     Raises:
-        ValueError: ``out_dir`` is, or lies under, a file; or it holds a run and ``resume`` is False.
+        ValueError: ``out_dir`` is, or lies under, a file; or, unless ``resume``, it holds a run
+            or a file or folder of a name the run writes.
     """
     from cl_streamkl.experiment.config_file import CONFIG_FILE
+    from cl_streamkl.experiment.outputs import RESULTS_FILE, RUNS_CSV, SUMMARY_CSV, SUMMARY_MD
 
     blocking = next((p for p in (out_dir, *out_dir.parents) if p.exists() and not p.is_dir()), None)
     if blocking is not None:
         raise ValueError(f"--out {out_dir}: {blocking} is a file, not a folder")
-    if not resume and (out_dir / CONFIG_FILE).exists():
+    if resume or not out_dir.is_dir():
+        return
+    if (out_dir / CONFIG_FILE).exists():
         raise ValueError(f"{str(out_dir)!r} already holds a run; pass --resume {out_dir} or another --out")
+    names = (RESULTS_FILE, RUNS_CSV, SUMMARY_CSV, SUMMARY_MD, *_RUN_NAMES)
+    taken = sorted({name for name in names if (out_dir / name).exists()}
+                   | {p.name for pattern in _RUN_PATTERNS for p in out_dir.glob(pattern)})
+    if taken:
+        raise ValueError(f"{str(out_dir)!r} holds {', '.join(taken)}, which a new run would overwrite; "
+                         "pass another --out or move them")
 
 
 @contextmanager

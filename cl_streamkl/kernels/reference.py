@@ -13,13 +13,22 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from cl_streamkl.kernels.validation import AttentionKLOptions, check_given_lse, check_inputs, reduce_rows
+from cl_streamkl.kernels.validation import (
+    SUPPORTED_DTYPES,
+    AttentionKLOptions,
+    check_given_lse,
+    check_inputs,
+    reduce_rows,
+)
 
 
 def attention_kl_reference(
     q: torch.Tensor, k: torch.Tensor, q_teacher: torch.Tensor, k_teacher: torch.Tensor, **options: Any
 ) -> torch.Tensor:
     """KL(P_teacher ‖ P_student) per query row, computed in float64 by materialising.
+
+    Takes what :func:`cl_streamkl.attention_kl` takes, and float64 inputs too (for
+    ``torch.autograd.gradcheck`` and float64 gradients to compare with).
 
     Args:
         q: student queries, (B, H, Nq, Ds).
@@ -36,7 +45,7 @@ def attention_kl_reference(
     """
     given = options.pop("lse", None), options.pop("lse_teacher", None)
     options = AttentionKLOptions(**{"backend": "torch", **options})
-    problem = check_inputs(q, k, q_teacher, k_teacher, options)
+    problem = check_inputs(q, k, q_teacher, k_teacher, options, dtypes=(*SUPPORTED_DTYPES, torch.float64))
     check_given_lse(*given, q)
     causal, reduction = options.causal, options.reduction
     scores_student = (q.double() @ k.double().transpose(-1, -2)) * problem.student_scale

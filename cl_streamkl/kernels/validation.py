@@ -101,6 +101,7 @@ def check_inputs(
     k_teacher: torch.Tensor,
     options: AttentionKLOptions,
     scales: tuple[float | None, float | None] | None = None,
+    dtypes: tuple[torch.dtype, ...] = SUPPORTED_DTYPES,
 ) -> AttentionKLProblem:
     """Validate the four attention inputs against checked options; resolve default scales.
 
@@ -111,6 +112,7 @@ def check_inputs(
         k_teacher: teacher keys, (B, H, Nk, Dt).
         options: the call's options, already checked.
         scales: (scale, teacher_scale) in place of the options' (one problem of a grouped call).
+        dtypes: the dtypes the caller takes (the float64 reference adds float64).
 
     Returns:
         The problem sizes and the effective (scale / temperature) factors.
@@ -133,10 +135,9 @@ def check_inputs(
             raise ValueError(
                 f"{name} must have 4 dimensions (B, H, N, D), got shape {tuple(tensor.shape)}"
             )
-        if tensor.dtype not in SUPPORTED_DTYPES:
-            raise TypeError(
-                f"{name} must be float32, float16 or bfloat16, got {tensor.dtype}"
-            )
+        if tensor.dtype not in dtypes:
+            names = [str(dtype).removeprefix("torch.") for dtype in dtypes]
+            raise TypeError(f"{name} must be {', '.join(names[:-1])} or {names[-1]}, got {tensor.dtype}")
         if tensor.numel() == 0:
             raise ValueError(f"{name} must not be empty, got shape {tuple(tensor.shape)}")
         if tensor.stride(-1) != 1 and tensor.size(-1) != 1:

@@ -200,7 +200,8 @@ class AttentionDistiller:
         The one call of a training step: the teacher runs first with the same arguments
         (its GPU work overlaps the student's launch-bound forward), then the student under
         :meth:`student_capture`, then :meth:`penalty` with both models' log-sum-exps where
-        they are usable and every block in one grouped launch.
+        they are usable and every block in one grouped launch. A teacher loaded by
+        :meth:`load_state_dict` is first rebuilt from ``model`` (:meth:`attach`).
 
         Args:
             model: the student (or its ``DistributedDataParallel`` wrapper).
@@ -210,7 +211,12 @@ class AttentionDistiller:
         Returns:
             ``(model's output, penalty)``; the penalty as :meth:`penalty` returns it (zero
             before the first :meth:`update_teacher`).
+
+        Raises:
+            TypeError / ValueError: as :meth:`attach`, when a loaded teacher does not fit ``model``.
         """
+        if self._pending_teacher is not None:
+            self.attach(model)
         teacher = self.teacher_qk(x, *args, **kwargs) if self._distils() else None
         capture = self.student_capture(model)
         with capture:
@@ -264,7 +270,8 @@ class AttentionDistiller:
         if teacher is not None and not isinstance(teacher, TeacherQK):
             raise TypeError(f"teacher must be the TeacherQK of teacher_qk(x) or None, got {type(teacher).__name__}")
         if self._pending_teacher is not None:
-            raise RuntimeError("a teacher was loaded by load_state_dict(); call attach(model) before penalty()")
+            raise RuntimeError("a teacher was loaded by load_state_dict(); call attach(model) (or forward(model, "
+                               "...), which attaches it) before penalty()")
         if not self._distils():
             device = x.device if isinstance(x, torch.Tensor) else None
             return torch.zeros((), dtype=torch.float32, device=device)

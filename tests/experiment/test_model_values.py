@@ -35,3 +35,10 @@ def test_a_missing_image_folder_is_not_offered_a_download(tmp_path, capsys):
     line = one_line_error(capsys)
     assert rc == 2 and not out.exists()
     assert f"data root '{tmp_path / 'missing'}' does not exist" in line and "download" not in line
+
+
+def test_values_the_model_refuses_by_assertion_are_one_line(tmp_path, capsys):
+    rc, out = run_cli(tmp_path, "run", "--model-kwargs", "depth=1", "embed_dim=16", "num_heads=3")
+    assert rc == 2 and not out.exists()
+    assert ("timm model 'vit_tiny_patch16_224' cannot be built with --model-kwargs depth=1 embed_dim=16 num_heads=3: "
+            "AssertionError: dim should be divisible by num_heads") in one_line_error(capsys)

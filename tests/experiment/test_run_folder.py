@@ -11,6 +11,7 @@ import pytest
 from cli_helpers import SMALL, one_line_error
 
 from cl_streamkl.experiment import cli
+from cl_streamkl.experiment.run_folder import refuse_used_folder
 from cl_streamkl.experiment.run_lock import LOCK_FILE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,3 +69,40 @@ def test_an_out_that_is_or_lies_under_a_file_is_refused_in_one_line(tmp_path, ca
     assert f"--out {out}: {blocking} is a file, not a folder" in one_line_error(capsys)
     assert blocking.read_text() == "mine\n" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
+
+
+@pytest.mark.parametrize("name", ["results.json", "summary.md", "accuracy_matrix_naive.png", "checkpoints"])
+def test_a_new_run_never_overwrites_files_of_its_names_already_in_out(tmp_path, capsys, name):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("kept\n")
+    if name == "checkpoints":
+        (out / name).mkdir()
+        (out / name / "naive-seed0.pt").write_bytes(b"my own weights")
+    else:
+        (out / name).write_text("precious\n")
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert cli.main(["run", *SMALL, "--out", str(out)]) == 2
+    assert f"'{out}' holds {name}, which a new run would overwrite" in one_line_error(capsys)
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_a_folder_of_other_files_takes_a_run(tmp_path):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "slurm-1234.out").write_text("a scheduler's log\n")
+    assert cli.main(["run", *SMALL, "--out", str(out)]) == 0
+    assert (out / "slurm-1234.out").read_text() == "a scheduler's log\n" and (out / "results.json").is_file()
+
+
+def test_every_name_a_run_writes_is_one_a_new_run_refuses(tmp_path):
+    out = tmp_path / "run"
+    assert cli.main(["run", *SMALL, "--out", str(out), "--log", "csv"]) == 0
+    for entry in out.iterdir():
+        if entry.name in (LOCK_FILE, "config.json"):
+            continue
+        other = tmp_path / f"other-{entry.name}"
+        other.mkdir()
+        (other / entry.name).touch()
+        with pytest.raises(ValueError, match=f"holds {entry.name}, which a new run would overwrite"):
+            refuse_used_folder(other, resume=False)

@@ -186,3 +186,22 @@ def test_teacher_reruns_when_the_batch_changed_after_before_forward(change: str)
     plugin.before_backward(strategy)
     expected = reference_penalty(model, plugin.teacher, strategy.mb_x, 1.0)
     assert plugin.last_penalty == pytest.approx(expected.item(), rel=1e-5)
+
+
+def test_forward_after_load_state_dict_rebuilds_the_teacher_from_the_model_it_runs(tmp_path) -> None:
+    model = tiny_model()
+    distiller = AttentionDistiller(alpha=1.0, backend="torch")
+    distiller.update_teacher(model)
+    perturb(model)
+    x = torch.randn(3, *IMAGE)
+    expected = distiller.forward(model, x)[1]
+    torch.save({"distiller": distiller.state_dict(), "model": model.state_dict()}, tmp_path / "checkpoint.pt")
+
+    checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    resumed_model = tiny_model(seed=7)
+    resumed_model.load_state_dict(checkpoint["model"])
+    resumed = AttentionDistiller(alpha=1.0, backend="torch")
+    resumed.load_state_dict(checkpoint["distiller"])
+    penalty = resumed.forward(resumed_model, x)[1]  # no attach(model) call: forward has the model
+    assert not resumed.restore_pending and penalty > 0
+    torch.testing.assert_close(penalty, expected, rtol=0, atol=0)
