@@ -27,9 +27,9 @@ def after_lost_peer(out: str | None, world_size: int) -> str:
     return "nothing was written; stop any process of the run still running and start it again"
 
 
-# What a run writes in its folder besides config.json and the result files: plots, checkpoints
-# and the loggers' folders.
-_RUN_NAMES = ("average_accuracy.png", "checkpoints", "tensorboard", "csv", "wandb")
+# What a run writes in its folder besides config.json, the result files and the loggers' folders
+# (each named as its logger): plots and checkpoints.
+_RUN_NAMES = ("average_accuracy.png", "checkpoints")
 _RUN_PATTERNS = ("accuracy_matrix_*.png",)
 
 
@@ -42,6 +42,7 @@ def refuse_used_folder(out_dir: Path, resume: bool) -> None:
         ValueError: ``out_dir`` is, or lies under, a file; or, unless ``resume``, it holds a run
             or a file or folder of a name the run writes.
     """
+    from cl_streamkl.experiment.config import LOGGERS
     from cl_streamkl.experiment.config_file import CONFIG_FILE
     from cl_streamkl.experiment.outputs import RESULTS_FILE, RUNS_CSV, SUMMARY_CSV, SUMMARY_MD
 
@@ -52,7 +53,7 @@ def refuse_used_folder(out_dir: Path, resume: bool) -> None:
         return
     if (out_dir / CONFIG_FILE).exists():
         raise ValueError(f"{str(out_dir)!r} already holds a run; pass --resume {out_dir} or another --out")
-    names = (RESULTS_FILE, RUNS_CSV, SUMMARY_CSV, SUMMARY_MD, *_RUN_NAMES)
+    names = (RESULTS_FILE, RUNS_CSV, SUMMARY_CSV, SUMMARY_MD, *_RUN_NAMES, *LOGGERS)
     taken = sorted({name for name in names if (out_dir / name).exists()}
                    | {p.name for pattern in _RUN_PATTERNS for p in out_dir.glob(pattern)})
     if taken:
