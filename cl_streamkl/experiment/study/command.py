@@ -90,7 +90,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where the workers train: cpu, or cuda (see --gpus) (default: %(default)s)")
     parser.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 2) - 1),
-                        help="worker processes; 0 runs every unit in this process")
+                        help="worker processes; 0 runs every unit in this process (default: the CPU count "
+                             "less one, here %(default)s)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per worker (default: %(default)s)")
     parser.add_argument("--gpus", type=int, default=1, help="spread the workers over this many GPUs")
     parser.add_argument("--max-units", type=int, help="start at most this many units, then stop")
