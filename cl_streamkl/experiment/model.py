@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import difflib
+import logging
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -146,11 +148,19 @@ def _wrong_value(name: str, model_kwargs: dict[str, Any]) -> str | None:
     return None
 
 
-def _mismatch(name: str, path: Path, model_kwargs: dict[str, Any], patch_size: int, error: RuntimeError) -> str:
-    """One line for weights that do not fit: the architecture the file holds and the options that build it."""
+def _mismatch(name: str, path: Path, model_kwargs: dict[str, Any], patch_size: int, detail: str,
+              model: nn.Module | None = None) -> str:
+    """One line for weights that do not fit: the architecture the file holds and the options that build it.
+
+    ``detail`` says what did not fit; it is the line when the file's shapes name no ViT, or the
+    depth and width the model was built with (``model``'s, else ``model_kwargs``'), which other
+    ``--model-kwargs`` would not change.
+    """
     held = file_architecture(path)
-    if "depth" not in held or "embed_dim" not in held:
-        return f"weights in {path} do not fit {name!r}: {str(error).splitlines()[0]}"
+    built_size = ((model_kwargs.get("depth"), model_kwargs.get("embed_dim")) if model is None
+                  else (len(getattr(model, "blocks", ())), getattr(model, "embed_dim", None)))
+    if "depth" not in held or "embed_dim" not in held or built_size == (held["depth"], held["embed_dim"]):
+        return f"weights in {path} do not fit {name!r}: {detail}"
     built = " ".join(f"{k}={v}" for k, v in model_kwargs.items()) or "none"
     heads = held["embed_dim"] // TIMM_HEAD_DIM if held["embed_dim"] % TIMM_HEAD_DIM == 0 else None
     heads_hint = (f"num_heads={heads} (64-wide heads, as in timm's ViTs; shapes do not show the heads)" if heads
@@ -159,6 +169,41 @@ def _mismatch(name: str, path: Path, model_kwargs: dict[str, Any], patch_size: i
     return (f"weights in {path} do not fit {name!r} with --model-kwargs {built}: the file holds a "
             f"{held['depth']}-block, {held['embed_dim']}-wide ViT; pass --model-kwargs depth={held['depth']} "
             f"embed_dim={held['embed_dim']} {heads_hint}{patch}")
+
+
+def _first_of(keys: set[str]) -> str:
+    """``blocks.2.attn.qkv.weight (and 25 more)``: the first of sorted names and how many follow."""
+    first = sorted(keys)
+    return first[0] + (f" (and {len(first) - 1} more)" if len(first) > 1 else "")
+
+
+def _unmatched_tensors(model: nn.Module, path: Path) -> str | None:
+    """What timm's lenient load of ``path`` into ``model`` left out, or None when every tensor matched.
+
+    timm loads non-strictly whenever the classifier is replaced, so a file missing some of the
+    model's tensors (fewer blocks, another architecture) would leave them at random init, and the
+    file's extra tensors would be dropped, without an error. The classifier, which timm replaces
+    on purpose, is left out of the comparison.
+    """
+    state = timm.models.load_state_dict(str(path))
+    filter_fn = getattr(sys.modules.get(type(model).__module__), "checkpoint_filter_fn", None)
+    if filter_fn is not None:  # the renaming and resampling timm applied while loading
+        state = filter_fn(state, model)
+    classifiers = model.pretrained_cfg.get("classifier") or ()
+    prefixes = tuple(f"{c}." for c in ((classifiers,) if isinstance(classifiers, str) else classifiers))
+    wanted = {key for key in model.state_dict() if not key.startswith(prefixes)}
+    held = {key for key in state if not key.startswith(prefixes)}
+    missing, extra = wanted - held, held - wanted
+    parts = ([f"the model's {_first_of(missing)} not in the file"] if missing else []) + (
+        [f"the file's {_first_of(extra)} not in the model"] if extra else [])
+    return "; ".join(parts) or None
+
+
+class _UnexpectedKeysFilter(logging.Filter):
+    """Drops timm's log line listing a file's unexpected tensors: build_model refuses such files in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Unexpected keys (")
 
 
 def build_model(
@@ -218,6 +263,8 @@ def build_model(
     path = None if pretrained_file is None else _weights_file(pretrained_file)
     if path is not None:
         kwargs.update(pretrained=True, pretrained_cfg_overlay={"file": str(path)})
+    timm_builder_log, quiet = logging.getLogger("timm.models._builder"), _UnexpectedKeysFilter()
+    timm_builder_log.addFilter(quiet)
     try:
         model = timm.create_model(name, **kwargs)
     except TypeError as err:
@@ -235,7 +282,9 @@ def build_model(
         if wrong is not None:
             raise ValueError(wrong) from None
         if isinstance(err, RuntimeError) and path is not None:  # timm lists every mismatched tensor
-            raise ValueError(_mismatch(name, path, model_kwargs or {}, patch_size, err)) from None
+            lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+            detail = lines[1] if len(lines) > 1 and lines[0].startswith("Error(s) in loading") else lines[0]
+            raise ValueError(_mismatch(name, path, model_kwargs or {}, patch_size, detail)) from None
         # Sizes too large to allocate, or values the model's own checks refuse (timm asserts that
         # embed_dim divides by num_heads).
         if isinstance(err, (RuntimeError, MemoryError, OverflowError, AssertionError)):
@@ -243,6 +292,11 @@ def build_model(
             raise ValueError(f"timm model {name!r} cannot be built with --model-kwargs {built}: "
                              f"{_first_line(err)}") from None
         raise
+    finally:
+        timm_builder_log.removeFilter(quiet)
+    unmatched = None if path is None else _unmatched_tensors(model, path)
+    if unmatched is not None:
+        raise ValueError(_mismatch(name, path, model_kwargs or {}, patch_size, unmatched, model))
     if not hasattr(model, "patch_embed"):
         raise ValueError(f"timm model {name!r} has no patch embedding; use a ViT/DeiT/EVA model")
     return model if head_sizes is None else MultiHeadViT(model, head_sizes)

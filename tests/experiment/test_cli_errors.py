@@ -189,6 +189,51 @@ def test_weights_of_another_architecture_are_one_line_naming_the_options_that_fi
     assert not out.exists()
 
 
+@pytest.mark.parametrize("depth", [1, 3])
+def test_weights_with_fewer_or_more_blocks_are_refused_not_loaded_in_part(tmp_path, capsys, depth):
+    # timm loads leniently once it replaces the classifier: without the check the missing blocks
+    # stayed at random init (or the file's extra blocks were dropped) and the run went on.
+    from cl_streamkl.experiment.model import build_model
+
+    source = build_model("vit_tiny_patch16_224", image_size=8, patch_size=4, in_chans=1, num_classes=0,
+                         model_kwargs={"depth": 2, "embed_dim": 16, "num_heads": 2})
+    weights = tmp_path / "w.pth"
+    torch.save(source.state_dict(), weights)
+    rc, out = run_cli(tmp_path, "w", "--strategies", "naive", "--pretrained-file", str(weights),
+                      "--model-kwargs", f"depth={depth}", "embed_dim=16", "num_heads=2")
+    assert rc == 2
+    assert (f"weights in {weights} do not fit 'vit_tiny_patch16_224' with --model-kwargs depth={depth} embed_dim=16 "
+            "num_heads=2: the file holds a 2-block, 16-wide ViT; pass --model-kwargs depth=2") in one_line_error(capsys)
+    assert not out.exists()
+
+
+def test_weights_of_a_network_that_is_no_vit_are_refused(tmp_path, capsys):
+    weights = tmp_path / "resnet.pth"
+    torch.save({"conv1.weight": torch.zeros(4, 1, 3, 3), "fc.weight": torch.zeros(10, 4)}, weights)
+    rc, out = run_cli(tmp_path, "w", "--strategies", "naive", "--pretrained-file", str(weights),
+                      "--model-kwargs", "depth=1", "embed_dim=16", "num_heads=2")
+    assert rc == 2
+    err = one_line_error(capsys)
+    assert f"weights in {weights} do not fit 'vit_tiny_patch16_224': the model's " in err
+    assert "not in the file; the file's conv1.weight (and 1 more) not in the model" in err
+    assert not out.exists()
+
+
+def test_weights_load_whatever_classifier_they_carry(tmp_path):
+    from cl_streamkl.experiment.model import build_model
+
+    kwargs = {"depth": 1, "embed_dim": 16, "num_heads": 2}
+    source = build_model("vit_tiny_patch16_224", image_size=32, patch_size=8, in_chans=3, num_classes=1000,
+                         model_kwargs=kwargs)
+    weights = tmp_path / "w.pth"
+    torch.save({"model": source.state_dict()}, weights)
+    for head_sizes in (None, [2, 2]):
+        model = build_model("vit_tiny_patch16_224", image_size=32, patch_size=8, in_chans=1, num_classes=4,
+                            model_kwargs=kwargs, pretrained_file=weights, head_sizes=head_sizes)
+        blocks = model.backbone.blocks if head_sizes else model.blocks
+        assert torch.equal(blocks[0].attn.qkv.weight, source.blocks[0].attn.qkv.weight)
+
+
 def test_a_weights_file_builds_the_architecture_the_model_names():
     from cl_streamkl.experiment.config import ExperimentConfig, describe_model
 
