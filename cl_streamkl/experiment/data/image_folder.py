@@ -45,6 +45,13 @@ def _refuse_classes_too_small(root: Path, classes: list[str], counts: np.ndarray
             f"{', '.join(small[:3])}{more}; add images, or give train/ and test/ folders of class folders")
 
 
+def _refuse_one_class(root: Path, classes: list[str]) -> None:
+    """A stream shares classes out over experiences and its accuracy is only meaningful over 2 or more."""
+    if len(classes) == 1:
+        raise ValueError(f"imagefolder: {str(root)!r} holds one class folder ({classes[0]!r}) and a stream needs "
+                         "2 classes at least; point the data root at the folder that holds one folder per class")
+
+
 def load_image_folder(
     root: str | Path, *, image_size: int, in_chans: int = 3, split_seed: int = 0
 ) -> LabeledSplits:
@@ -60,7 +67,7 @@ def load_image_folder(
         Splits whose labels index the sorted class folder names; images load lazily.
 
     Raises:
-        ValueError: ``root`` is not a directory, has no class folders or no images, a class
+        ValueError: ``root`` is not a directory, has no class folders, one only, or no images, a class
             of the single-folder layout has fewer than 2 images (one is held out for testing),
             or the train and test folders name different classes;
             :class:`~cl_streamkl.experiment.data.errors.DataError` (a ValueError) for a
@@ -72,6 +79,7 @@ def load_image_folder(
     test_dir = next((root / n for n in ("test", "val") if (root / n).is_dir()), None)
     if (root / "train").is_dir() and test_dir is not None:
         classes, class_to_idx = find_classes(str(root / "train"))
+        _refuse_one_class(root / "train", classes)
         test_classes, _ = find_classes(str(test_dir))
         if test_classes != classes:
             raise ValueError(
@@ -84,6 +92,7 @@ def load_image_folder(
             classes, class_to_idx = find_classes(str(root))
         except FileNotFoundError as err:
             raise ValueError(f"imagefolder: {err}") from err
+        _refuse_one_class(root, classes)
         paths, targets = _samples(root, class_to_idx)
         targets_arr = np.asarray(targets, dtype=np.int64)
         if paths:

@@ -319,3 +319,14 @@ def test_image_folder_errors(tmp_path):
         load_splits("imagefolder", data_root=tmp_path / "empty", image_size=8)
     with pytest.raises(ValueError, match="cannot be downloaded"):
         load_splits("imagefolder", data_root=tmp_path, image_size=8, download=True)
+
+
+@pytest.mark.parametrize("layout", ["single", "train_test"])
+def test_image_folder_with_one_class_folder_is_refused(tmp_path, layout):
+    # One class gives no stream to learn continually: chance is 100 % and the run meant nothing.
+    folders = [tmp_path / "only"] if layout == "single" else [tmp_path / "train" / "only", tmp_path / "test" / "only"]
+    for folder in folders:
+        for k in range(3):
+            _write_image(folder / f"{k}.png", 10 * k)
+    with pytest.raises(ValueError, match="holds one class folder \\('only'\\) and a stream needs 2 classes at least"):
+        load_splits("imagefolder", data_root=tmp_path, image_size=8)
