@@ -35,6 +35,7 @@ from cl_streamkl.experiment.config_checks import suggest
 from cl_streamkl.experiment.data.errors import DataError
 from cl_streamkl.experiment.files import OutputWriteError
 from cl_streamkl.experiment.interrupts import exit_status, sigterm_raises, stopped_by
+from cl_streamkl.experiment.library_warnings import own_warnings_through
 from cl_streamkl.experiment.option_aliases import DeprecatedOption
 from cl_streamkl.experiment.run_folder import after_lost_peer, claimed_folder, continue_with, refuse_used_folder
 from cl_streamkl.kernels.config import get_kernel_options
@@ -337,7 +338,7 @@ def _train_and_report(args: argparse.Namespace, config: ExperimentConfig, resume
 
     try:
         # DistributedDataParallel's steps reduce gradients inside the training loop.
-        with data_parallel.peers_checked("training"):
+        with data_parallel.peers_checked("training"), own_warnings_through(warn if main_rank else None):
             results = run_experiment(
                 config, out_dir, resume=resume, show_progress=main_rank and not args.no_progress,
                 log=tqdm.write if main_rank else None, warn=warn if main_rank else None,
