@@ -186,7 +186,8 @@ class AttentionDistillationPlugin(SupervisedPlugin, supports_distributed=True):
         experience = getattr(getattr(strategy, "experience", None), "current_experience", "?")
         warnings.warn(
             f"{type(self).__name__}: alpha × penalty stayed below {QUIET_SHARE:.0%} of the loss through experience "
-            f"{experience} (at most {float(top):.2e} of it) with alpha={self.distiller.alpha:g}: if forgetting "
+            f"{experience} (counted from 0, as Avalanche does; at most {float(top):.2e} of it) with "
+            f"alpha={self.distiller.alpha:g}: if forgetting "
             "stays as without the plugin, raise alpha (docs/plugins.md, How to choose alpha)",
             RuntimeWarning, stacklevel=2)
 
