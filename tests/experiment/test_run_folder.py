@@ -70,7 +70,6 @@ def test_an_out_that_is_or_lies_under_a_file_is_refused_in_one_line(tmp_path, ca
     assert blocking.read_text() == "mine\n" and sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
-
 @pytest.mark.parametrize("name", ["results.json", "summary.md", "accuracy_matrix_naive.png", "checkpoints"])
 def test_a_new_run_never_overwrites_files_of_its_names_already_in_out(tmp_path, capsys, name):
     out = tmp_path / "mine"
