@@ -21,7 +21,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from cl_streamkl.experiment.config_checks import check_input_size, check_ranges, check_types, suggest
-from cl_streamkl.experiment.data.names import DATASETS, DOMAIN_SHIFTS, EVAL_SPLITS, SCENARIOS, ClutterOptions
+from cl_streamkl.experiment.data.names import (
+    DATASETS, DOMAIN_SHIFTS, EVAL_SPLITS, SCENARIOS, ClutterOptions, check_class_split,
+)
 from cl_streamkl.experiment.stems import STEMS
 
 # What a strategy name combines with "+": "naive" or "joint" alone, or any of these (e.g. "lwf+streamkl").
@@ -318,6 +320,7 @@ class ExperimentConfig:
         if cfg.first_experience_classes is not None and cfg.scenario == "domain":
             raise ValueError("first_experience_classes needs scenario 'class' or 'task': "
                              "in 'domain' every experience holds every class")
+        check_class_split(cfg.dataset, cfg.scenario, cfg.experiences, cfg.first_experience_classes)
         if not cfg.strategies:
             raise ValueError("strategies must name at least one strategy")
         components = [strategy_components(name, cfg.scenario) for name in cfg.strategies]

@@ -18,6 +18,7 @@ from cl_streamkl.capture.compiled_model import compile_model
 from cl_streamkl.distributed.data_parallel import DataParallel, resolve_device
 from cl_streamkl.experiment.compiled_layers import compile_layers
 from cl_streamkl.experiment.config import ExperimentConfig, strategy_components
+from cl_streamkl.experiment.data.names import check_class_split
 from cl_streamkl.experiment.data.registry import build_stream, load_splits
 from cl_streamkl.experiment.data.stream import ExperienceStream, LabeledSplits
 from cl_streamkl.experiment.model import build_model
@@ -26,6 +27,10 @@ from cl_streamkl.experiment.template import autocast
 
 def build_run_stream(config: ExperimentConfig, splits: LabeledSplits, seed: int) -> ExperienceStream:
     """The stream one seed trains on (class order and domain order depend on the seed)."""
+    # The configuration checked the split against the dataset's classes where it knows them;
+    # an image folder's are counted here, and refused in the settings' words too.
+    check_class_split(config.dataset, config.scenario, config.experiences, config.first_experience_classes,
+                      splits.num_classes)
     return build_stream(
         splits, n_experiences=config.experiences, seed=seed, val_fraction=config.val_fraction,
         split_seed=config.split_seed, scenario=config.scenario,

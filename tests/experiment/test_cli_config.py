@@ -184,6 +184,7 @@ def test_version_and_top_level_help(capsys):
 @pytest.mark.parametrize("args, message", [
     (["--strategies", "naive", "lfw"], "unknown strategy component 'lfw'"),
     (["--seeds", "1", "1"], "seeds must be distinct integers"),
+    (["--experiences", "4"], "error: experiences must divide the 10 classes; got 4"),
 ])
 def test_argument_errors_answer_before_heavy_imports(args, message):
     code = ("import sys, time\nstart = time.perf_counter()\nfrom cl_streamkl.experiment.cli import main\n"
@@ -202,5 +203,5 @@ def test_argument_errors_answer_before_heavy_imports(args, message):
 
 def test_renamed_fields_keep_their_old_names_in_checkpoint_fingerprints():
     # checkpoints written before the rename were stamped with "n_experiences": their folders still resume
-    fingerprint = json.loads(ExperimentConfig(experiences=3).resolved().fingerprint_json())
-    assert fingerprint["n_experiences"] == 3 and "experiences" not in fingerprint
+    fingerprint = json.loads(ExperimentConfig(experiences=5).resolved().fingerprint_json())
+    assert fingerprint["n_experiences"] == 5 and "experiences" not in fingerprint

@@ -18,7 +18,9 @@ from cl_streamkl.experiment import cli, runner
         (["--strategies", "naive", "gem"], "unknown strategy component 'gem'"),
         (["--scenario", "task", "--strategies", "wa"], "needs scenario 'class'"),
         (["--scenario", "domain", "--first-experience-classes", "4"], "first_experience_classes needs scenario"),
-        (["--experiences", "3"], "must divide the 10 classes"),
+        # Named as the user wrote it (the flag, or the key of a configuration file), not as the data layer's
+        # n_experiences.
+        (["--experiences", "3"], "error: experiences must divide the 10 classes; got 3"),
         (["--dataset", "mnist"], "got 'mnist' (did you mean 'mnist5k'"),
         (["--model", "vit_tinyy_patch16_224"], "unknown timm model 'vit_tinyy_patch16_224'; did you mean"),
         (["--model", "resnet18"], "ViT-family"),
@@ -47,6 +49,20 @@ def test_errors_exit_nonzero_with_message(tmp_path, capsys, args, message):
     assert message in err and "Traceback" not in err
     assert err.startswith("cl-streamkl: error: ") and err.count("\n") == 1
     # Checked before the folder is claimed: the same --out takes a corrected run (and --resume has nothing).
+    assert not out.exists()
+
+
+def test_image_folder_whose_classes_the_experiences_do_not_divide_names_the_setting(tmp_path, capsys):
+    from PIL import Image
+
+    for name in ("a", "b", "c"):  # three classes: counted only once the folder is read
+        (tmp_path / "images" / name).mkdir(parents=True)
+        for k in range(4):
+            Image.new("L", (8, 8), 40 * k).save(tmp_path / "images" / name / f"{k}.png")
+    rc, out = run_cli(tmp_path, "folder", "--dataset", "imagefolder", "--data-root", str(tmp_path / "images"),
+                      "--scenario", "class", "--experiences", "2")
+    assert rc == 2
+    assert "error: experiences must divide the 3 classes; got 2" in one_line_error(capsys)
     assert not out.exists()
 
 

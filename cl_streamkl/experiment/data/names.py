@@ -19,25 +19,86 @@ class DatasetInfo:
 
     ``first_experience_classes``, where set, is the first experience's share of the classes in
     the class and task scenarios when neither that nor the number of experiences is given.
+    ``num_classes`` is None where only the loaded data knows it (``imagefolder``).
     """
 
     n_experiences: int
     native_size: int | None
     needs_root: bool
+    num_classes: int | None
     first_experience_classes: int | None = None
 
 
 DATASETS: dict[str, DatasetInfo] = {
     # 6 classes, then 2 and 2: the first experience is large enough that forgetting it shows.
-    "digits": DatasetInfo(n_experiences=3, native_size=8, needs_root=False, first_experience_classes=6),
-    "mnist5k": DatasetInfo(n_experiences=5, native_size=28, needs_root=False),
-    "cifar10": DatasetInfo(n_experiences=5, native_size=32, needs_root=True),
-    "cifar100": DatasetInfo(n_experiences=10, native_size=32, needs_root=True),
-    "tiny-imagenet": DatasetInfo(n_experiences=10, native_size=64, needs_root=True),
-    "imagefolder": DatasetInfo(n_experiences=5, native_size=None, needs_root=True),
+    "digits": DatasetInfo(n_experiences=3, native_size=8, needs_root=False, num_classes=10,
+                          first_experience_classes=6),
+    "mnist5k": DatasetInfo(n_experiences=5, native_size=28, needs_root=False, num_classes=10),
+    "cifar10": DatasetInfo(n_experiences=5, native_size=32, needs_root=True, num_classes=10),
+    "cifar100": DatasetInfo(n_experiences=10, native_size=32, needs_root=True, num_classes=100),
+    "tiny-imagenet": DatasetInfo(n_experiences=10, native_size=64, needs_root=True, num_classes=200),
+    "imagefolder": DatasetInfo(n_experiences=5, native_size=None, needs_root=True, num_classes=None),
     # The side is the canvas's (ClutterOptions.canvas); --data-root, if given, holds the generated cache.
-    "cluttered-mnist": DatasetInfo(n_experiences=5, native_size=None, needs_root=False),
+    "cluttered-mnist": DatasetInfo(n_experiences=5, native_size=None, needs_root=False, num_classes=10),
 }
+
+
+def experience_sizes(num_classes: int, n_experiences: int, first_experience_classes: int | None, *,
+                     count_name: str = "n_experiences") -> list[int]:
+    """Classes per experience: equal shares, or ``first_experience_classes`` then equal shares.
+
+    Args:
+        num_classes: classes to share out.
+        n_experiences: number of experiences.
+        first_experience_classes: the first experience's classes; None for equal shares.
+        count_name: what the errors call ``n_experiences``: the name the caller's user typed
+            (a run's settings call it ``experiences``).
+
+    Raises:
+        ValueError: the classes cannot be shared out that way.
+    """
+    if n_experiences < 1:
+        raise ValueError(f"{count_name} must be positive; got {n_experiences}")
+    if first_experience_classes is None:
+        if num_classes % n_experiences:
+            raise ValueError(f"{count_name} must divide the {num_classes} classes; got {n_experiences} "
+                             "(or set first_experience_classes)")
+        return [num_classes // n_experiences] * n_experiences
+    first = first_experience_classes
+    if not 1 <= first < num_classes or n_experiences < 2:
+        raise ValueError(f"first_experience_classes must be in [1, {num_classes}) with at least 2 experiences; "
+                         f"got {first} with {n_experiences} experiences")
+    rest, later = num_classes - first, n_experiences - 1
+    if rest % later:
+        raise ValueError(f"after {first} classes first, the other {rest} classes do not split evenly "
+                         f"into {later} experiences")
+    return [first] + [rest // later] * later
+
+
+def check_class_split(dataset: str, scenario: str, experiences: int | None, first_experience_classes: int | None,
+                      num_classes: int | None = None) -> None:
+    """Refuse a run's settings whose classes cannot be shared out, naming them as the user set them.
+
+    The stream's own checks name the library's argument, ``n_experiences``; a run's setting is
+    ``experiences`` (``--experiences``, and the key in configuration files and study plans).
+
+    Args:
+        dataset: the run's dataset.
+        scenario: the run's scenario (``domain`` shares no classes: nothing to check).
+        experiences: the run's number of experiences; None for the dataset's default.
+        first_experience_classes: the first experience's classes; None for equal shares.
+        num_classes: the loaded data's classes; default: the dataset's own, where known
+            (``imagefolder`` is checked once it is loaded).
+
+    Raises:
+        ValueError: one line naming ``experiences`` or ``first_experience_classes``.
+    """
+    info = DATASETS[dataset]
+    classes = info.num_classes if num_classes is None else num_classes
+    if scenario == "domain" or classes is None:
+        return
+    count = info.n_experiences if experiences is None else experiences
+    experience_sizes(classes, count, first_experience_classes, count_name="experiences")
 
 # The side of an MNIST digit, which cluttered-mnist places at native scale.
 MNIST_SIDE = 28

@@ -24,7 +24,7 @@ from avalanche.benchmarks.utils.flat_data import ConstantSequence
 from torch.utils.data import Dataset
 from torchvision.transforms.v2 import functional as TF
 
-from cl_streamkl.experiment.data.names import DOMAIN_SHIFTS, EVAL_SPLITS
+from cl_streamkl.experiment.data.names import DOMAIN_SHIFTS, EVAL_SPLITS, experience_sizes
 
 
 @dataclass
@@ -161,30 +161,6 @@ def _check_splits(splits: LabeledSplits, val_fraction: float) -> tuple[np.ndarra
         if missing:
             raise ValueError(f"{splits.name!r}: classes {missing} have no {label_name} samples")
     return train_targets, test_targets
-
-
-def experience_sizes(num_classes: int, n_experiences: int, first_experience_classes: int | None) -> list[int]:
-    """Classes per experience: equal shares, or ``first_experience_classes`` then equal shares.
-
-    Raises:
-        ValueError: the classes cannot be shared out that way.
-    """
-    if n_experiences < 1:
-        raise ValueError(f"n_experiences must be positive; got {n_experiences}")
-    if first_experience_classes is None:
-        if num_classes % n_experiences:
-            raise ValueError(f"n_experiences must divide the {num_classes} classes; got {n_experiences} "
-                             "(or set first_experience_classes)")
-        return [num_classes // n_experiences] * n_experiences
-    first = first_experience_classes
-    if not 1 <= first < num_classes or n_experiences < 2:
-        raise ValueError(f"first_experience_classes must be in [1, {num_classes}) with at least 2 experiences; "
-                         f"got {first} with {n_experiences} experiences")
-    rest, later = num_classes - first, n_experiences - 1
-    if rest % later:
-        raise ValueError(f"after {first} classes first, the other {rest} classes do not split evenly "
-                         f"into {later} experiences")
-    return [first] + [rest // later] * later
 
 
 def split_class_incremental(

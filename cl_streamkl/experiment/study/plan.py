@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from cl_streamkl.experiment.data.names import DATASETS
 from cl_streamkl.experiment.study.files import read_mapping
 from cl_streamkl.experiment.study.plan_checks import PlanError, check_settings_source, check_shapes
 
@@ -43,9 +44,6 @@ SCENARIO_KEYS = ("options", "tuning", "test")
 FIRST_EXPERIENCE = ("own", "shared")
 # Settings a plan may not set: the command chooses them per unit.
 PER_UNIT = ("scenario", "strategies", "seeds", "eval_split", "out", "device")
-# Classes of the datasets whose count is known before loading them (time estimates only;
-# experiences of others count alike).
-CLASSES = {"digits": 10, "mnist5k": 10, "cluttered-mnist": 10, "cifar10": 10, "cifar100": 100, "tiny-imagenet": 200}
 
 
 def tokens(settings: dict[str, Any]) -> int:
@@ -359,7 +357,8 @@ def experience_weights(unit: Unit, plan: dict[str, Any]) -> list[float]:
 
     fields = {**dataclasses.asdict(ExperimentConfig()), **unit.config_fields(plan)}
     count = fields["experiences"]
-    classes, first = CLASSES.get(fields["dataset"]), fields["first_experience_classes"]
+    # Datasets whose classes are counted only once loaded (imagefolder): experiences count alike.
+    classes, first = DATASETS[fields["dataset"]].num_classes, fields["first_experience_classes"]
     if fields["scenario"] == "domain" or classes is None or first is None:
         shares = [1.0 / count] * count
     else:

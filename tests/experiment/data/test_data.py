@@ -61,7 +61,7 @@ def test_val_and_train_are_disjoint():
 
 def test_split_errors():
     splits = load_splits("digits", data_root=None, image_size=8)
-    with pytest.raises(ValueError, match="must divide the 10 classes"):
+    with pytest.raises(ValueError, match="^n_experiences must divide the 10 classes"):  # the argument's name
         build_stream(splits, n_experiences=3, seed=0, val_fraction=0.1)
     with pytest.raises(ValueError, match="val_fraction"):
         build_stream(splits, n_experiences=5, seed=0, val_fraction=1.0)

@@ -111,6 +111,8 @@ def _scenario(plan):
     (lambda p: _scenario(p)["tuning"]["lwf"]["grid"].append({"lwf_alpha": 9.0}),
      r"every family needs the same number of settings \(equal tuning effort\); the grids have \[2, 3\]"),
     (lambda p: p.update(first_experience="never"), "first_experience must be one of own, shared"),
+    (lambda p: _scenario(p)["options"].update(experiences=4, first_experience_classes=None),
+     r"scenarios.class: .*: experiences must divide the 10 classes; got 4"),
 ])
 def test_a_bad_plan_is_refused_naming_its_key(change, message):
     plan = tiny_plan()
