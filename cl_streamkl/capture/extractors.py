@@ -37,7 +37,9 @@ from torch.overrides import TorchFunctionMode
 # there (tests start from a fresh one) is the one every capture uses.
 from cl_streamkl.capture import graph_reads
 from cl_streamkl.capture.attention_lse import attention_with_lse, lse_from_node
-from cl_streamkl.capture.graph_reads import grad_signature, product_from_graph, saved_tensor_hooks_active
+from cl_streamkl.capture.graph_reads import (
+    compiled_outputs, grad_signature, product_from_graph, saved_tensor_hooks_active,
+)
 from cl_streamkl.capture.hooks import QKExtractor, RecordQK, Removable, qualified_type_name
 from cl_streamkl.capture.multihead import multihead_attention_extractor
 
@@ -355,12 +357,7 @@ def watch_score_products(watcher: ProductWatcher) -> list[Removable]:
         product = product_from_graph(output, inputs)
         if product is None:
             graph_reads.GRAPH_READS.forget(module)
-            raise RuntimeError(
-                f"QKCapture lost the attention scores of {qualified_type_name(module)}: this forward left no single "
-                "scaled_dot_product_attention node in the autograd graph, unlike earlier forwards with the "
-                "same requires_grad settings (did its attention change, e.g. fused_attn?). The next "
-                "forward is watched in full again; run this one again."
-            )
+            raise RuntimeError(_lost_scores_message(module, output))
         watcher.record(*product)
 
     handles = [
@@ -368,6 +365,21 @@ def watch_score_products(watcher: ProductWatcher) -> list[Removable]:
         module.register_forward_hook(after, with_kwargs=True, always_call=True),
     ]
     return [_WatcherHandle(watcher, handles)]
+
+
+def _lost_scores_message(module: nn.Module, output: object) -> str:
+    """Why a verified module's forward could not be read from its graph, and what to do."""
+    name = qualified_type_name(module)
+    if compiled_outputs(output):
+        # Running it again only trades the graph read for a watch that splits Dynamo's graph at
+        # every attention call; compile_model records Q/K inside the compiled forward instead.
+        return (f"QKCapture cannot read the attention scores of {name} from a torch.compile'd forward: its "
+                "autograd graph holds one compiled node, not the attention call. Compile the model with "
+                "cl_streamkl.capture.compile_model(model) instead of torch.compile, or capture the eager model.")
+    return (f"QKCapture lost the attention scores of {name}: this forward left no single "
+            "scaled_dot_product_attention node in the autograd graph, unlike earlier forwards with the "
+            "same requires_grad settings (did its attention change, e.g. fused_attn?). The next "
+            "forward is watched in full again; run this one again.")
 
 
 _DEFAULTS_REGISTERED = False

@@ -29,8 +29,8 @@ from torch import nn
 from cl_streamkl.capture.attention_lse import lse_from_node
 
 __all__ = [
-    "GRAPH_READS", "GraphReadRegistry", "grad_signature", "graph_reads_disabled", "product_from_graph",
-    "saved_tensor_hooks_active",
+    "GRAPH_READS", "GraphReadRegistry", "compiled_outputs", "grad_signature", "graph_reads_disabled",
+    "product_from_graph", "saved_tensor_hooks_active",
 ]
 
 # Between an attention module's output and its inputs there are about ten nodes plus the
@@ -112,6 +112,15 @@ def product_from_graph(
         return None
     scale = getattr(node, "_saved_scale", None)
     return q, k, float(scale) if scale is not None else q.shape[-1] ** -0.5, lse_from_node(node, q.size(2))
+
+
+def compiled_outputs(outputs: object) -> bool:
+    """Whether ``outputs`` came out of a ``torch.compile``d graph (AOTAutograd's one backward node).
+
+    Such a graph holds no ``scaled_dot_product_attention`` node to read, on any run.
+    """
+    # AOTAutograd's autograd.Function; its class is made per graph, its name is fixed.
+    return any(type(t.grad_fn).__name__ == "CompiledFunctionBackward" for t in _tensors([outputs]))
 
 
 class GraphReadRegistry:

@@ -129,6 +129,16 @@ def test_a_forward_that_stops_matching_raises_then_is_watched_again(full_watches
     assert_same_values(fused, recovered, exact=False)
 
 
+def test_a_verified_module_run_by_torch_compile_is_refused_naming_compile_model() -> None:
+    model, x = tiny_model(), torch.randn(2, 3, 32, 32)
+    captured(model, x)  # verified eager: later forwards are read from the graph
+    compiled = torch.compile(model, backend="aot_eager")  # AOTAutograd's graph, as inductor's, without a compiler
+    # Its graph holds one compiled node, not the attention call, on every run: running it again cannot help.
+    with pytest.raises(RuntimeError, match=r"torch.compile.*compile_model\(model\)") as raised, QKCapture(model):
+        compiled(x)
+    assert "run this one again" not in str(raised.value) and "\n" not in str(raised.value)
+
+
 def test_graph_reads_disabled_watches_every_forward_and_learns_nothing(full_watches: list[nn.Module]) -> None:
     model, x = tiny_model(), torch.randn(2, 3, 32, 32)
     with graph_reads_disabled():
