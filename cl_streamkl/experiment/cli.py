@@ -302,15 +302,15 @@ def _run_processes(args: argparse.Namespace, config: ExperimentConfig, resume: b
     out_dir = Path(config.out)
     refuse_used_folder(out_dir, resume)
     main_rank, world_size = data_parallel.is_main, data_parallel.world_size
-    if main_rank:
-        processes = f", {world_size} processes" if world_size > 1 else ""
-        print(f"cl-streamkl run: {config.dataset} ({config.scenario}-incremental), {describe_model(config)}, "
-              f"strategies {', '.join(config.strategies)}, seeds {config.seeds}, eval on {config.eval_split}"
-              f"{processes} -> {out_dir}")
     # Everything that needs no training is checked before the folder is claimed. Rank 0
     # goes first: it alone downloads missing data.
     with data_parallel.main_first():
         splits = check_experiment(config, args.log, data_parallel)
+    if main_rank:  # after the checks, so that a run refused is one error line and nothing else
+        processes = f", {world_size} processes" if world_size > 1 else ""
+        print(f"cl-streamkl run: {config.dataset} ({config.scenario}-incremental), {describe_model(config)}, "
+              f"strategies {', '.join(config.strategies)}, seeds {config.seeds}, eval on {config.eval_split}"
+              f"{processes} -> {out_dir}")
     with claimed_folder(out_dir, resume, data_parallel):
         if main_rank and not resume:
             write_config(out_dir, config)

@@ -45,9 +45,11 @@ def test_errors_exit_nonzero_with_message(tmp_path, capsys, args, message):
     out = tmp_path / "x"
     rc = cli.main(["run", "--no-progress", "--epochs", "1", "--out", str(out), *args])
     assert rc == 2
-    err = capsys.readouterr().err
+    printed = capsys.readouterr()
+    err = printed.err
     assert message in err and "Traceback" not in err
     assert err.startswith("cl-streamkl: error: ") and err.count("\n") == 1
+    assert printed.out == ""  # the run's header only once its data and model are built
     # Checked before the folder is claimed: the same --out takes a corrected run (and --resume has nothing).
     assert not out.exists()
 
