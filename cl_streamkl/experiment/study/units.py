@@ -328,9 +328,8 @@ def run_units(units: Sequence[Unit], pool: concurrent.futures.Executor, plan: di
                 record = future.result()
             except Exception as err:
                 failed += 1
-                detail = "".join(traceback.format_exception(err)).rstrip()
-                bar.write(f"cl-streamkl study: unit {unit.name} failed: {type(err).__name__}: {err}\n{detail}",
-                          file=sys.stderr)
+                bar.write(f"cl-streamkl study: unit {unit.name} failed: {type(err).__name__}: {err}\n"
+                          f"{_failure_detail(err)}", file=sys.stderr)
                 continue
             if record is None:
                 stopped += 1
@@ -351,6 +350,17 @@ def run_units(units: Sequence[Unit], pool: concurrent.futures.Executor, plan: di
     experiences = sum((len(experience_weights(unit, plan)) if unit in done else _trained(str(args.out), unit))
                       - trained for unit, trained in before.items())
     return Outcome(len(done), stopped, failed, experiences)
+
+
+def _failure_detail(err: BaseException) -> str:
+    """What follows a failed unit's error line: what to do for running out of GPU memory (its
+    traceback says nothing a user can act on), else the traceback."""
+    if "out of memory" in str(err):
+        return ("cl-streamkl study: the workers sharing its GPU together needed more memory than the GPU has; "
+                "the unit goes on from its last checkpoint at the next start. Set PYTORCH_CUDA_ALLOC_CONF="
+                "expandable_segments:True, or start a plan whose units have not begun with fewer --workers "
+                "(a confirmatory family keeps its first unit's layout).")
+    return "".join(traceback.format_exception(err)).rstrip()
 
 
 def _kill_workers() -> None:

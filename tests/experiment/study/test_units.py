@@ -256,6 +256,21 @@ def test_a_failed_unit_is_reported_and_the_others_go_on(tmp_path, monkeypatch, c
     assert run_units(units, InProcess(), plan, _args(tmp_path, time_limit=None), None) == (2, 0, 1, experiences)
     err = capsys.readouterr().err
     assert f"unit {units[1].name} failed: RuntimeError: CUDA error: out of memory" in err
+    # Out of GPU memory: what to do, in place of a traceback that says nothing a user can act on.
+    assert "goes on from its last checkpoint" in err and "--workers" in err and "Traceback" not in err
+
+
+def test_a_failed_unit_other_than_memory_shows_its_traceback(tmp_path, monkeypatch, capsys):
+    plan = short_plan()
+    units = tuning_units(plan, "task")[:1]
+
+    def run_unit(unit, *_):
+        raise ValueError("a broken transform")
+
+    monkeypatch.setattr(study_units, "run_unit", run_unit)
+    assert run_units(units, InProcess(), plan, _args(tmp_path, time_limit=None), None).failed == 1
+    err = capsys.readouterr().err
+    assert "failed: ValueError: a broken transform" in err and "Traceback" in err and "--workers" not in err
 
 
 def test_a_start_counts_the_experiences_it_trained_and_kept(tmp_path, monkeypatch):
