@@ -242,7 +242,7 @@ def _prepare(args: argparse.Namespace, plan: dict[str, Any], stack: contextlib.E
     unpacked = {} if archive is None else archive_records(archive, held, plan, args.from_archive)
     check_out(args.out, plan)
     check_report_file(args.json, plan)
-    check_archive_file(args.archive)
+    check_archive_file(args.archive, plan)
     if args.part == "test":
         records = {**unpacked, **restored, **(finished_records(args.out) if args.out.is_dir() else {})}
         units = _units(plan, args, "test", records)

@@ -2,7 +2,7 @@
 
 ``--out`` must be a new or empty folder, or a study's (it holds a ``plan.json`` of this plan):
 a folder of a user's notes and data is never written into. ``--json`` overwrites only a study
-report of this plan, ``--archive`` only a .tar.gz. The default folder, ``runs/study-<regime>``, stays below the working
+report of this plan, ``--archive`` only a study archive of this plan. The default folder, ``runs/study-<regime>``, stays below the working
 directory. ``--device cuda`` needs a GPU, and the plan's data must load and its model build,
 before the plan is written. While a start writes, it holds ``--out``'s lock (the lock of
 ``cl-streamkl run``): a second start on the same folder is refused at once.
@@ -16,7 +16,7 @@ from typing import Any
 
 from cl_streamkl.experiment.files import OutputWriteError
 from cl_streamkl.experiment.run_lock import LOCK_FILE, FolderInUseError, run_folder_lock
-from cl_streamkl.experiment.study.files import StudyFileError, read_json
+from cl_streamkl.experiment.study.files import StudyFileError, archive_parts, open_archive, read_json
 from cl_streamkl.experiment.study.plan import PlanError, Unit, fingerprint, test_units, tuning_units
 from cl_streamkl.experiment.study.tables import REPORT_KEYS
 
@@ -61,18 +61,25 @@ def check_report_file(path: Path | None, plan: dict[str, Any]) -> None:
                              "overwritten; write another --json")
 
 
-def check_archive_file(path: Path | None) -> None:
-    """Refuse an ``--archive`` file that exists and is no gzip file (it would be overwritten)."""
-    if path is None or not path.is_file():
+def check_archive_file(path: Path | None, plan: dict[str, Any]) -> None:
+    """Refuse an ``--archive`` whose files exist and are no study archive of this plan (they would be
+    overwritten): a user's own .tar.gz, such as a dataset's release, holds no study's ``plan.json``."""
+    if path is None:
         return
+    existing = [part for part in archive_parts(path) if part.is_file()]
+    if not existing:
+        return
+    refusal = (f"--archive {existing[0]} exists and is no study archive of this plan (a study's --archive): it is "
+               "not overwritten; write another --archive")
+    if not path.is_file():
+        raise StudyFileError(refusal)
     try:
-        with open(path, "rb") as handle:
-            magic = handle.read(2)
-    except OSError as err:
-        raise StudyFileError(f"--archive {path}: {err.strerror or err}") from None
-    if magic != b"\x1f\x8b":
-        raise StudyFileError(f"--archive {path} exists and is no .tar.gz (a study's --archive): it is not "
-                             "overwritten; write another --archive")
+        archive, held = open_archive(path)
+    except StudyFileError:
+        raise StudyFileError(refusal) from None
+    archive.close()
+    if held is None or fingerprint(held) != fingerprint(plan):
+        raise StudyFileError(refusal)
 
 
 def check_device(device: str, gpus: int) -> None:

@@ -5,6 +5,7 @@ without a GPU, --part test before tuning, a data_root that does not exist."""
 from __future__ import annotations
 
 import json
+import tarfile
 
 import pytest
 import torch
@@ -106,7 +107,26 @@ def test_an_archive_path_holding_a_users_file_is_not_overwritten(tmp_path, capsy
     theirs = tmp_path / "notes.tar.gz"
     theirs.write_text("not an archive\n")
     _refused(capsys, tmp_path, [str(plan), "--part", "plan", "--out", str(tmp_path / "out"), "--archive", str(theirs)],
-             f"--archive {theirs} exists and is no .tar.gz")
+             f"--archive {theirs} exists and is no study archive of this plan")
+
+
+def test_a_users_own_tar_gz_or_another_plans_archive_is_not_overwritten(tmp_path, capsys):
+    """A real .tar.gz (a dataset's release, a backup) or another plan's archive is no archive of this study."""
+    plan, other = (write_plan(tmp_path / f"{n}.yaml", tiny_plan(val_seeds=s)) for n, s in (("a", [7, 8]), ("b", [5, 6])))
+    release = tmp_path / "cifar-10-python.tar.gz"
+    with tarfile.open(release, "w:gz") as packed:
+        packed.add(plan, arcname="cifar-10-batches-py/data_batch_1")
+    theirs = tmp_path / "theirs.tar.gz"
+    assert main([str(other), "--part", "plan", "--out", str(tmp_path / "b"), "--archive", str(theirs)]) == 0
+    stray = tmp_path / "backup.tar.gz.1"  # a later part's name, without its first part
+    stray.write_text("my own file\n")
+    for archive in (release, theirs, tmp_path / "backup.tar.gz"):
+        _refused(capsys, tmp_path, [str(plan), "--part", "plan", "--out", str(tmp_path / "out"), "--archive",
+                                    str(archive)], "exists and is no study archive of this plan")
+    # This plan's own archive is written again.
+    mine = tmp_path / "mine.tar.gz"
+    assert main([str(plan), "--part", "plan", "--out", str(tmp_path / "out"), "--archive", str(mine)]) == 0
+    assert main([str(plan), "--part", "plan", "--out", str(tmp_path / "out"), "--archive", str(mine)]) == 0
 
 
 def test_a_damaged_record_in_the_folder_is_named(tmp_path, capsys):
