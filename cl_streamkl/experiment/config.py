@@ -40,8 +40,8 @@ PAD_VARIANTS = ("symmetric", "asymmetric")
 LOGGERS = ("tensorboard", "csv", "wandb")
 DEVICES = ("auto", "cpu", "cuda")
 DEFAULT_MODEL = "vit_tiny_patch16_224"
-# A 4-block, 64-wide ViT; with 32 px images and 8 px patches (16 tokens, each 2×2 digit pixels)
-# it learns each Split-Digits experience in a few seconds on two CPU cores.
+# A 4-block, 64-wide ViT; with 32 px images and 8 px patches (16 patches of 2×2 digit pixels and the
+# class token: 17 tokens) it learns each Split-Digits experience in a few seconds on two CPU cores.
 DEFAULT_MODEL_KWARGS: dict[str, Any] = {"depth": 4, "embed_dim": 64, "num_heads": 2}
 DEFAULT_ARCHITECTURE = "a 4-block, 64-wide, 2-head ViT, not ViT-Ti itself"
 # cluttered-mnist's default is its canvas's side (--canvas), every pixel kept.
@@ -205,7 +205,8 @@ class ExperimentConfig:
                          default_help=f"{DEFAULT_MODEL} with the default --model-kwargs: {DEFAULT_ARCHITECTURE}")
     model_kwargs: dict[str, Any] | None = setting(None, "model", _model_kwargs_help(), type=parse_model_kwarg,
                                                   nargs="*", metavar="KEY=VALUE", default_help="")
-    patch_size: int = setting(8, "model", "patch side length; (image/patch)^2 tokens", bound="positive")
+    patch_size: int = setting(8, "model", "patch side length; (image/patch)^2 patches, and the class token",
+                              bound="positive")
     stem: str = setting("patch", "model", "how images become tokens: patch, timm's patch projection; conv, early "
                         "convolutions (3x3, stride 2, batch norm, ReLU; two for 4-px patches, log2(patch) in "
                         "general) then a 1x1 projection, the same tokens (timm vit_*/deit_* models, from scratch)",

@@ -1,5 +1,6 @@
 """What the documents promise: every CLI option in docs/cli.md, README's set-up commands as CI runs
-them, CPU wheels, the field's names, license, citation."""
+them, CPU wheels, the field's names, license, citation, the CLI's StreamKL weight and its default
+run's tokens."""
 
 from __future__ import annotations
 
@@ -83,3 +84,21 @@ def test_the_main_jobs_run_time_is_stated_once_and_the_same_everywhere():
     assert README.count(RUN_TIME) == 1
     assert RUN_TIME in " ".join(_parsers(None)[1].format_help().split())
     assert "README.md#set-up" in CLI_DOC and not re.search(r"\d+ s measured|about a minute", CLI_DOC)
+
+
+def test_the_clis_streamkl_weight_and_default_tokens_are_quoted_as_they_are():
+    import timm
+
+    from cl_streamkl.experiment.config import DEFAULT_MODEL_KWARGS, ExperimentConfig
+
+    config = ExperimentConfig().resolved()
+    for name in ("README.md", "docs/cli.md", "docs/plugins.md"):
+        quoted = re.findall(r"`(?:--streamkl-alpha|--alpha) (\S+?)[`\s,]", (ROOT / name).read_text())
+        assert all(float(value) == config.alpha for value in quoted), (name, quoted)
+    model = timm.create_model(config.model, img_size=config.image_size, patch_size=config.patch_size,
+                              **DEFAULT_MODEL_KWARGS)
+    tokens = model.patch_embed.num_patches + model.num_prefix_tokens
+    stated = re.search(rf"upsampled to {config.image_size} px, {config.patch_size} px patches \((\d+)\s+tokens",
+                       CLI_DOC)
+    assert stated is not None and int(stated.group(1)) == tokens
+
