@@ -1,6 +1,6 @@
 """What the documents promise: every CLI option in docs/cli.md, README's set-up commands as CI runs
 them, CPU wheels, the field's names, license, citation, the CLI's StreamKL weight and its default
-run's tokens."""
+run's tokens, every kernel switch in docs/op.md."""
 
 from __future__ import annotations
 
@@ -102,3 +102,15 @@ def test_the_clis_streamkl_weight_and_default_tokens_are_quoted_as_they_are():
                        CLI_DOC)
     assert stated is not None and int(stated.group(1)) == tokens
 
+
+def test_op_doc_names_every_kernel_switch_and_its_variable():
+    import dataclasses
+
+    from cl_streamkl.kernels import config
+
+    switches = _section((ROOT / "docs" / "op.md").read_text(), "Switches")
+    fields = [field.name for field in dataclasses.fields(config.KernelOptions)]
+    variables = re.findall(r'"(CL_STREAMKL_[A-Z0-9_]+)"', Path(config.__file__).read_text())
+    assert len(variables) == len(fields)
+    assert [name for name in fields if f"`{name}`" not in switches] == []
+    assert [name for name in variables if f"`{name}`" not in switches] == []
