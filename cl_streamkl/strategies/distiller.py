@@ -40,7 +40,7 @@ from cl_streamkl.capture.layers import check_layer_spec
 from cl_streamkl.distributed import unwrap_data_parallel
 from cl_streamkl.kernels.validation import AttentionKLOptions
 from cl_streamkl.strategies.block_penalties import Problem, block_problems, kl_per_block, known_lse
-from cl_streamkl.strategies.teacher import frozen_copy, named_tensors, restore_frozen_copy
+from cl_streamkl.strategies.teacher import check_snapshot_fits, frozen_copy, named_tensors, restore_frozen_copy
 from cl_streamkl.strategies.teacher_forward import (
     attention_heads,
     auto_compiles,
@@ -214,10 +214,15 @@ class AttentionDistiller:
 
         Raises:
             TypeError / ValueError: as :meth:`attach`, when a loaded teacher does not fit ``model``.
+            ValueError: ``model`` was moved to another device or cast to another dtype after
+                :meth:`update_teacher`.
         """
         if self._pending_teacher is not None:
             self.attach(model)
-        teacher = self.teacher_qk(x, *args, **kwargs) if self._distils() else None
+        teacher = None
+        if self._distils():
+            check_snapshot_fits(self._teacher, unwrap_data_parallel(model))
+            teacher = self.teacher_qk(x, *args, **kwargs)
         capture = self.student_capture(model)
         with capture:
             output = model(x, *args, **kwargs)

@@ -43,6 +43,7 @@ from cl_streamkl.capture import LayerSpec, QKCapture, TeacherQK
 from cl_streamkl.distributed import unwrap_data_parallel
 from cl_streamkl.strategies.distiller import AttentionDistiller
 from cl_streamkl.strategies.pooled_attention import PooledAttentionDistiller
+from cl_streamkl.strategies.teacher import check_snapshot_fits
 from cl_streamkl.strategies.teacher_forward import check_forward_call
 
 if TYPE_CHECKING:
@@ -135,6 +136,7 @@ class AttentionDistillationPlugin(SupervisedPlugin, supports_distributed=True):
         self._close_capture()
         if self.distiller.teacher is not None:
             if self.distiller.alpha > 0.0:
+                check_snapshot_fits(self.distiller.teacher, unwrap_data_parallel(strategy.model))
                 # Teacher first: its queued GPU work keeps the device busy while the host
                 # issues the student's (launch-bound) forward.
                 teacher = self.distiller.teacher_qk(strategy.mb_x, *_forward_args(strategy))

@@ -1,8 +1,8 @@
 """The frozen teacher snapshot: a hook-free deep copy of a model, and its tensors.
 
 :func:`frozen_copy` takes the snapshot, :func:`named_tensors` lists what a state dict
-saves of it, and :func:`restore_frozen_copy` rebuilds it from those tensors and a model
-of the same structure.
+saves of it, :func:`restore_frozen_copy` rebuilds it from those tensors and a model
+of the same structure, and :func:`check_snapshot_fits` refuses a model moved or cast since.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-__all__ = ["frozen_copy", "named_tensors", "restore_frozen_copy"]
+__all__ = ["check_snapshot_fits", "frozen_copy", "named_tensors", "restore_frozen_copy"]
 
 
 def _hook_dict_names(module: nn.Module) -> list[str]:
@@ -98,3 +98,24 @@ def restore_frozen_copy(model: nn.Module, tensors: Mapping[str, torch.Tensor]) -
         for name, target in targets.items():
             target.copy_(tensors[name])
     return teacher
+
+
+def check_snapshot_fits(teacher: nn.Module, model: nn.Module) -> None:
+    """Refuse a ``model`` whose first parameter has another device or dtype than its snapshot's.
+
+    The snapshot is taken where ``model`` was; a model moved (``.to("cuda")``) or cast (``.half()``)
+    after it would feed the teacher inputs it cannot take, and fail inside its forward with an
+    error that names neither.
+
+    Raises:
+        ValueError: one line naming both devices and dtypes and what to do.
+    """
+    mine = next(model.parameters(), None)
+    snapshot = next(teacher.parameters(), None)
+    if mine is None or snapshot is None or (mine.device, mine.dtype) == (snapshot.device, snapshot.dtype):
+        return
+    raise ValueError(
+        f"the model is {mine.dtype} on {mine.device} but its teacher snapshot is {snapshot.dtype} on "
+        f"{snapshot.device}: the model was moved or cast after the snapshot was taken; take a new one with "
+        "update_teacher(model), or move or cast the model back"
+    )

@@ -205,3 +205,16 @@ def test_forward_after_load_state_dict_rebuilds_the_teacher_from_the_model_it_ru
     penalty = resumed.forward(resumed_model, x)[1]  # no attach(model) call: forward has the model
     assert not resumed.restore_pending and penalty > 0
     torch.testing.assert_close(penalty, expected, rtol=0, atol=0)
+
+
+def test_a_model_cast_after_the_snapshot_is_refused_in_one_line_naming_both() -> None:
+    model = tiny_model("vit")
+    distiller = AttentionDistiller(backend="torch")
+    distiller.update_teacher(model)
+    model.double()
+    with pytest.raises(ValueError, match=r"^the model is torch.float64 on cpu but its teacher snapshot is "
+                                         r"torch.float32 on cpu: .*update_teacher\(model\)") as error:
+        distiller.forward(model, torch.randn(1, *IMAGE, dtype=torch.float64))
+    assert "\n" not in str(error.value)
+    model.float()  # cast back: distilled again
+    assert distiller.forward(model, torch.randn(1, *IMAGE))[1].item() == pytest.approx(0.0, abs=1e-5)

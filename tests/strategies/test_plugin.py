@@ -221,3 +221,12 @@ def test_bad_model_fails_when_training_starts(model_fn, layers, error, match) ->
         strategy.train(tensor_benchmark(experiences=1).train_stream[0], num_workers=0)
     for name, value in model.state_dict().items():
         assert torch.equal(value, before[name]), "no training step may run before the error"
+
+
+def test_plugin_refuses_a_model_cast_after_its_snapshot() -> None:
+    model, plugin, strategy = plugin_on_tiny_vit(alpha=0.5, batch=2)
+    plugin.after_training_exp(strategy)
+    model.to(torch.bfloat16)
+    strategy.mb_x = strategy.mb_x.to(torch.bfloat16)
+    with pytest.raises(ValueError, match="the model is torch.bfloat16 on cpu but its teacher snapshot is torch.float32"):
+        plugin.before_forward(strategy)
