@@ -116,6 +116,7 @@ def check_snapshot_fits(teacher: nn.Module, model: nn.Module) -> None:
         return
     raise ValueError(
         f"the model is {mine.dtype} on {mine.device} but its teacher snapshot is {snapshot.dtype} on "
-        f"{snapshot.device}: the model was moved or cast after the snapshot was taken; take a new one with "
-        "update_teacher(model), or move or cast the model back"
+        f"{snapshot.device}: the model was moved or cast after the snapshot was taken; move or cast the snapshot "
+        f"the same way (distiller.teacher.to('{mine.device}', {mine.dtype})) or the model back "
+        "(update_teacher(model) would make the model as it is now the teacher)"
     )

@@ -212,9 +212,13 @@ def test_a_model_cast_after_the_snapshot_is_refused_in_one_line_naming_both() ->
     distiller = AttentionDistiller(backend="torch")
     distiller.update_teacher(model)
     model.double()
-    with pytest.raises(ValueError, match=r"^the model is torch.float64 on cpu but its teacher snapshot is "
-                                         r"torch.float32 on cpu: .*update_teacher\(model\)") as error:
+    expected = r"^the model is torch.float64 on cpu but its teacher snapshot is torch.float32 on cpu: "
+    with pytest.raises(ValueError, match=expected + r".*distiller\.teacher\.to\('cpu', torch\.float64\)") as error:
         distiller.forward(model, torch.randn(1, *IMAGE, dtype=torch.float64))
     assert "\n" not in str(error.value)
     model.float()  # cast back: distilled again
     assert distiller.forward(model, torch.randn(1, *IMAGE))[1].item() == pytest.approx(0.0, abs=1e-5)
+    model.bfloat16()
+    distiller.teacher.to("cpu", torch.bfloat16)  # the snapshot cast the same way, as the error says
+    penalty = distiller.forward(model, torch.randn(1, *IMAGE, dtype=torch.bfloat16))[1]
+    assert penalty.item() == pytest.approx(0.0, abs=1e-2)
