@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,19 @@ def _fits(value: Any, kind: type) -> bool:
     if kind is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     return isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+
+
+def _refused_key(name: str, model_kwargs: dict[str, Any], err: TypeError) -> str:
+    """Which keyword a timm model's constructor refused, named as the user gave it: a
+    ``--model-kwargs`` key, or one the run sets itself (then the model is no ViT)."""
+    found = re.search(r"unexpected keyword argument '(\w+)'", str(err))
+    if found is None:
+        return f"timm model {name!r} refused its arguments: is it a ViT-family model? ({err})"
+    key = found.group(1)
+    if key in model_kwargs:
+        return f"--model-kwargs {key}: timm model {name!r} takes no argument {key!r}"
+    return (f"timm model {name!r} takes no {key!r}: cl-streamkl runs ViT-family models (vit_*, deit_*), which "
+            "take img_size, patch_size, in_chans and num_classes")
 
 
 def _wrong_value(name: str, model_kwargs: dict[str, Any]) -> str | None:
@@ -271,8 +285,7 @@ def build_model(
         if "embed_layer" in str(err):
             raise ValueError(f"--stem conv needs a timm VisionTransformer (vit_*, deit_*); {name!r} takes no "
                              "embed_layer") from err
-        raise ValueError(_wrong_value(name, model_kwargs or {}) or
-                         f"timm model {name!r} does not accept {sorted(kwargs)}: is it a ViT-family model? ({err})"
+        raise ValueError(_wrong_value(name, model_kwargs or {}) or _refused_key(name, model_kwargs or {}, err)
                          ) from err
     except Exception as err:  # noqa: BLE001 - said in one line below, or raised again
         unreadable = None if path is None else _unreadable_weights(path)

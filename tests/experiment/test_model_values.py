@@ -14,14 +14,21 @@ from cl_streamkl.experiment.model import build_model
     ("vit_tiny_patch16_224", {"depth": 1.5}, "--model-kwargs depth: 1.5 is not an int"),
     ("deit_tiny_patch16_224", {"depth": "abc"}, "--model-kwargs depth: 'abc' is not an int"),
     ("vit_tiny_patch16_224", {"depth": 1, "mlp_ratio": "big"}, "--model-kwargs mlp_ratio: 'big' is not a number"),
-    ("vit_tiny_patch16_224", {"depth": 1, "colour": 3}, "does not accept"),  # a key the model lacks
+    # a key the model lacks
+    ("vit_tiny_patch16_224", {"depth": 1, "colour": 3}, "--model-kwargs colour: timm model 'vit_tiny_patch16_224' "
+                                                        "takes no argument 'colour'"),
 ])
 def test_a_wrong_model_kwargs_value_is_named(model, kwargs, message):
     with pytest.raises(ValueError) as refused:
         build_model(model, image_size=16, patch_size=8, in_chans=3, num_classes=10, model_kwargs=kwargs)
     assert message in str(refused.value)
-    if "does not accept" not in message:
-        assert "does not accept" not in str(refused.value) and "ViT-family" not in str(refused.value)
+    if "takes no" not in message:
+        assert "takes no" not in str(refused.value) and "ViT-family" not in str(refused.value)
+
+
+def test_a_model_that_is_no_vit_is_named_with_the_argument_it_refused():
+    with pytest.raises(ValueError, match=r"^timm model 'resnet18' takes no 'img_size': cl-streamkl runs ViT-family"):
+        build_model("resnet18", image_size=16, patch_size=8, in_chans=3, num_classes=10)
 
 
 def test_the_command_line_names_the_wrong_value(tmp_path, capsys):
