@@ -38,7 +38,8 @@ from cl_streamkl.experiment import cli, runner
         (["--streamkl-layers", "0,9"], "layer index 9 is out of range for a model with 4 blocks"),
         (["--strategies", "pad", "--streamkl-layers", "0,-5"], "strategy 'pad': pad cannot distil"),
         (["--streamkl-temperature", "1e-40"], "scale / temperature"),
-        (["--scenario", "domain", "--experiences", "200"], "training samples for 200 domains"),
+        (["--scenario", "domain", "--experiences", "200"],
+         "training samples, fewer than the 200 experiences (domains) each needs one of; set fewer experiences"),
     ],
 )
 def test_errors_exit_nonzero_with_message(tmp_path, capsys, args, message):

@@ -300,8 +300,8 @@ def split_domain_incremental(
     for cls in range(splits.num_classes):
         idx = rng.permutation(kept[train_targets[kept] == cls])
         if len(idx) < n_experiences:
-            raise ValueError(f"{splits.name!r}: class {cls} has {len(idx)} training samples for "
-                             f"{n_experiences} domains")
+            raise ValueError(f"{splits.name!r}: class {cls} has {len(idx)} training samples, fewer than the "
+                             f"{n_experiences} experiences (domains) each needs one of; set fewer experiences")
         for part, chunk in zip(parts, np.array_split(idx, n_experiences)):
             part.append(chunk)
     domains = np.random.default_rng(seed).permutation(n_experiences).tolist()
