@@ -28,15 +28,13 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from cl_streamkl.distributed.data_parallel import DIST_TIMEOUT_S
 from cl_streamkl.distributed.lost_peers import LostPeerError
-from cl_streamkl.experiment.config import (
-    DEPRECATED_OPTIONS, LOGGERS, ExperimentConfig, Flag, describe_model, flag_name, flags,
-)
+from cl_streamkl.experiment.config import LOGGERS, ExperimentConfig, Flag, describe_model, flags
 from cl_streamkl.experiment.config_checks import suggest
 from cl_streamkl.experiment.data.errors import DataError
 from cl_streamkl.experiment.files import OutputWriteError
 from cl_streamkl.experiment.interrupts import exit_status, sigterm_raises, stopped_by
 from cl_streamkl.experiment.library_warnings import own_warnings_through
-from cl_streamkl.experiment.option_aliases import DeprecatedOption
+from cl_streamkl.experiment.option_aliases import DEPRECATED_OPTIONS, DeprecatedOption, flag_name
 from cl_streamkl.experiment.run_folder import after_lost_peer, claimed_folder, continue_with, refuse_used_folder
 from cl_streamkl.kernels.config import get_kernel_options
 

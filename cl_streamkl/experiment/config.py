@@ -24,6 +24,7 @@ from cl_streamkl.experiment.config_checks import check_input_size, check_ranges,
 from cl_streamkl.experiment.data.names import (
     DATASETS, DOMAIN_SHIFTS, EVAL_SPLITS, SCENARIOS, ClutterOptions, check_class_split,
 )
+from cl_streamkl.experiment.option_aliases import OPTION_NAMES, field_label
 from cl_streamkl.experiment.stems import STEMS
 
 # What a strategy name combines with "+": "naive" or "joint" alone, or any of these (e.g. "lwf+streamkl").
@@ -57,11 +58,6 @@ LR_SCHEDULES = ("constant", "cosine")
 FINGERPRINT_EXCLUDED = ("out", "data_root", "download", "strategies", "seeds", "compile_layers", "compile_model")
 # Keys configuration files of earlier versions used: old key → field.
 RENAMED_KEYS = {"n_experiences": "experiences"}
-# Fields whose option is not named after them: StreamKL's own, named like the baselines' (--lwf-alpha).
-# Configuration files and study plans take either name as a key.
-OPTION_NAMES = {"alpha": "streamkl_alpha", "temperature": "streamkl_temperature", "layers": "streamkl_layers"}
-# The options' earlier names, still accepted with a warning: old option → field.
-DEPRECATED_OPTIONS = {"--alpha": "alpha", "--temperature": "temperature", "--layers": "layers"}
 
 Layers = str | int | list[int]
 
@@ -281,12 +277,12 @@ class ExperimentConfig:
         Raises:
             ValueError: any field has the wrong type, is out of range or names something unknown.
         """
-        check_types(self)
+        check_types(self, field_label)
         cfg = dataclasses.replace(self, strategies=list(self.strategies), seeds=list(self.seeds))
         for f in dataclasses.fields(cfg):  # an int from a configuration file where a float is meant
             if f.type == "float":
                 setattr(cfg, f.name, float(getattr(cfg, f.name)))
-        check_ranges(cfg)
+        check_ranges(cfg, field_label)
         if cfg.val_fraction >= 1:
             raise ValueError(f"val_fraction must be below 1; got {cfg.val_fraction}")
         clutter = cfg.clutter_options()
@@ -372,9 +368,9 @@ class ExperimentConfig:
     def from_dict(cls, data: dict[str, Any]) -> ExperimentConfig:
         """Inverse of :meth:`to_dict`, types checked.
 
-        Keys are field names or their options' names (:data:`OPTION_NAMES`), ``-`` allowed
-        for ``_`` (the flags' spelling); the keys of :data:`RENAMED_KEYS` are read as their
-        new names.
+        Keys are field names or their options' names
+        (:data:`~cl_streamkl.experiment.option_aliases.OPTION_NAMES`), ``-`` allowed for ``_``
+        (the flags' spelling); the keys of :data:`RENAMED_KEYS` are read as their new names.
 
         Raises:
             ValueError: an unknown key (with the closest names), a key given twice, or
@@ -391,7 +387,7 @@ class ExperimentConfig:
                 raise ValueError(f"key {name!r} is given twice")
             fields[name] = value
         config = cls(**fields)
-        check_types(config)
+        check_types(config, field_label)
         return config
 
 
@@ -406,11 +402,6 @@ def describe_model(config: ExperimentConfig) -> str:
 def flags() -> list[tuple[dataclasses.Field, Flag]]:
     """Every configuration field with its flag, in declaration order."""
     return [(f, f.metadata["flag"]) for f in dataclasses.fields(ExperimentConfig)]
-
-
-def flag_name(field_name: str) -> str:
-    """``experiences`` → ``--experiences``; ``batch_size`` → ``--batch-size``; ``alpha`` → ``--streamkl-alpha``."""
-    return "--" + OPTION_NAMES.get(field_name, field_name).replace("_", "-")
 
 
 def strategy_components(name: str, scenario: str = "class") -> frozenset[str]:

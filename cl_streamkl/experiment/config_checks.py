@@ -16,7 +16,7 @@ import difflib
 import math
 import types
 import typing
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -93,13 +93,16 @@ def _matches(value: Any, hint: Any) -> bool:
     raise TypeError(f"no check for the annotation {hint!r}")
 
 
-def check_types(config: DataclassInstance) -> None:
-    """Raise ValueError naming the first field of ``config`` (a dataclass) whose value is not of its declared type."""
+def check_types(config: DataclassInstance, label: Callable[[str], str] = str) -> None:
+    """Raise ValueError naming the first field of ``config`` (a dataclass) whose value is not of its declared type.
+
+    ``label`` names a field in the error (``alpha`` → ``alpha (--streamkl-alpha)``).
+    """
     hints = typing.get_type_hints(type(config))
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         if not _matches(value, hints[f.name]):
-            raise ValueError(f"{f.name} must be {_describe(hints[f.name])}; got {value!r}")
+            raise ValueError(f"{label(f.name)} must be {_describe(hints[f.name])}; got {value!r}")
 
 
 def _check_number(name: str, value: float, bound: str | None) -> None:
@@ -115,11 +118,11 @@ def _check_number(name: str, value: float, bound: str | None) -> None:
         raise ValueError(f"{name} must be at most 2**31 - 1 ({MAX_INTEGER:,}); got {value}")
 
 
-def check_ranges(config: DataclassInstance) -> None:
+def check_ranges(config: DataclassInstance, label: Callable[[str], str] = str) -> None:
     """Raise ValueError for a value outside its field's choices or bound, or a number that is not finite.
 
     ``config`` is a dataclass whose fields carry their :class:`~cl_streamkl.experiment.config.Flag`
-    as ``metadata["flag"]``. Call after :func:`check_types`.
+    as ``metadata["flag"]``; ``label`` names a field in the error. Call after :func:`check_types`.
     """
     for f in dataclasses.fields(config):
         flag, value = f.metadata["flag"], getattr(config, f.name)
@@ -127,10 +130,10 @@ def check_ranges(config: DataclassInstance) -> None:
             continue
         if flag.choices is not None and value not in flag.choices:
             hint = suggest(str(value), [str(c) for c in flag.choices])
-            raise ValueError(f"{f.name} must be one of {', '.join(map(str, flag.choices))}; got {value!r}{hint}")
+            raise ValueError(f"{label(f.name)} must be one of {', '.join(map(str, flag.choices))}; got {value!r}{hint}")
         for number in value if isinstance(value, list) else [value]:
             if isinstance(number, (int, float)) and not isinstance(number, bool):
-                _check_number(f.name, number, flag.bound)
+                _check_number(label(f.name), number, flag.bound)
 
 
 def check_input_size(image_size: int, patch_size: int) -> None:

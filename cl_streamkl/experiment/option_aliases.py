@@ -1,11 +1,32 @@
-"""Earlier names of ``cl-streamkl run`` options, still accepted for a while: each sets what its
-replacement sets and warns that it will go (``--alpha`` → ``--streamkl-alpha``)."""
+"""The names of ``cl-streamkl run``'s options: a field's option, the options not named after their
+field, and earlier names still accepted for a while, each setting what its replacement sets and
+warning that it will go (``--alpha`` → ``--streamkl-alpha``)."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
 from typing import Any
+
+# Fields whose option is not named after them: StreamKL's own, named like the baselines' (--lwf-alpha).
+# Configuration files and study plans take either name as a key.
+OPTION_NAMES = {"alpha": "streamkl_alpha", "temperature": "streamkl_temperature", "layers": "streamkl_layers"}
+# The options' earlier names, still accepted with a warning: old option → field.
+DEPRECATED_OPTIONS = {"--alpha": "alpha", "--temperature": "temperature", "--layers": "layers"}
+
+
+def flag_name(field_name: str) -> str:
+    """``experiences`` → ``--experiences``; ``batch_size`` → ``--batch-size``; ``alpha`` → ``--streamkl-alpha``."""
+    return "--" + OPTION_NAMES.get(field_name, field_name).replace("_", "-")
+
+
+def field_label(field_name: str) -> str:
+    """How an error names a field: ``alpha`` → ``alpha (--streamkl-alpha)``, ``epochs`` → ``epochs``.
+
+    A field whose option has another name is named both ways, so that whoever gave it, by flag or
+    by a configuration file's key, recognises it.
+    """
+    return f"{field_name} ({flag_name(field_name)})" if field_name in OPTION_NAMES else field_name
 
 
 class DeprecatedOption(argparse.Action):

@@ -14,7 +14,8 @@ import pytest
 from cli_helpers import one_line_error
 
 from cl_streamkl.experiment import cli
-from cl_streamkl.experiment.config import DEPRECATED_OPTIONS, ExperimentConfig, flag_name
+from cl_streamkl.experiment.config import ExperimentConfig
+from cl_streamkl.experiment.option_aliases import DEPRECATED_OPTIONS, flag_name
 from cl_streamkl.experiment.config_file import read_config_file
 
 CONTROL_OPTIONS = {"--help", "--config", "--resume", "--log", "--no-progress", "--dist-timeout"}
@@ -90,6 +91,9 @@ def test_old_keys_are_read_with_a_warning(tmp_path, capsys):
     ({"download": "yes"}, "download must be true or false; got 'yes'"),
     ({"out": None, "epochs": True}, "epochs must be an integer; got True"),
     ({"dataset": "cifar"}, "got 'cifar' (did you mean 'cifar10' or 'cifar100'?)"),
+    # a field whose option has another name is named both ways, whichever key gave it
+    ({"streamkl_alpha": -1}, "alpha (--streamkl-alpha) must be >= 0; got -1.0"),
+    ({"layers": 1.5}, "layers (--streamkl-layers) must be a string or an integer or a list of integers; got 1.5"),
 ])
 def test_bad_configuration_files_are_one_line_before_anything_is_written(tmp_path, capsys, settings, message):
     path = tmp_path / "settings.json"
@@ -142,7 +146,8 @@ def test_configuration_files_are_read_strictly(tmp_path, capsys, suffix, text, m
     (["--lwf-temperature", "nan"], "lwf_temperature must be a finite number; got nan"),
     (["--ewc-lambda", "nan"], "ewc_lambda must be a finite number; got nan"),
     (["--rotation-step", "nan"], "rotation_step must be a finite number; got nan"),
-    (["--alpha=-inf"], "alpha must be a finite number; got -inf"),
+    (["--streamkl-alpha=-inf"], "alpha (--streamkl-alpha) must be a finite number; got -inf"),
+    (["--streamkl-temperature", "0"], "temperature (--streamkl-temperature) must be > 0; got 0.0"),
     (["--mem-size", "-1"], "mem_size must be >= 0; got -1"),
     (["--val-fraction", "1"], "val_fraction must be below 1"),
     (["--image-size", "100000"], "image_size 100000 is above the largest supported, 4096 px"),
