@@ -356,7 +356,7 @@ def watch_score_products(watcher: ProductWatcher) -> list[Removable]:
             return
         product = product_from_graph(output, inputs)
         if product is None:
-            graph_reads.GRAPH_READS.forget(module)
+            graph_reads.GRAPH_READS.forget_all()
             raise RuntimeError(_lost_scores_message(module, output))
         watcher.record(*product)
 
@@ -378,8 +378,8 @@ def _lost_scores_message(module: nn.Module, output: object) -> str:
                 "cl_streamkl.capture.compile_model(model) instead of torch.compile, or capture the eager model.")
     return (f"QKCapture lost the attention scores of {name}: this forward left no single "
             "scaled_dot_product_attention node in the autograd graph, unlike earlier forwards with the "
-            "same requires_grad settings (did its attention change, e.g. fused_attn?). The next "
-            "forward is watched in full again; run this one again.")
+            "same requires_grad settings (did its attention change, e.g. fused_attn?). Every block's "
+            "next forward is watched in full again; run this forward again.")
 
 
 _DEFAULTS_REGISTERED = False

@@ -167,9 +167,14 @@ class GraphReadRegistry:
         if read is not None and read[0] is watched[0] and read[1] is watched[1] and read[2] == watched[2]:
             self._verified.setdefault(module, set()).add(signature)
 
-    def forget(self, module: nn.Module) -> None:
-        """Watch every later forward of ``module`` in full until it is verified again."""
-        self._verified.pop(module, None)
+    def forget_all(self) -> None:
+        """Watch every later forward of every module in full until each is verified again.
+
+        A forward that stops matching its graph read has had its attention changed (e.g.
+        ``fused_attn`` turned off), and such a change is usually made to every block alike:
+        forgetting the one module only would fail the next forward at the next block.
+        """
+        self._verified.clear()
 
 
 GRAPH_READS = GraphReadRegistry()

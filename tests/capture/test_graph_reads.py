@@ -129,6 +129,17 @@ def test_a_forward_that_stops_matching_raises_then_is_watched_again(full_watches
     assert_same_values(fused, recovered, exact=False)
 
 
+def test_attention_changed_in_every_block_fails_one_forward_only(full_watches: list[nn.Module]) -> None:
+    model, x = tiny_model(), torch.randn(2, 3, 32, 32)
+    fused = captured(model, x)
+    for block in model.blocks:  # a user's switch, made to the whole model after its first capture
+        block.attn.fused_attn = False
+    with pytest.raises(RuntimeError, match="watched in full again; run this forward again"), QKCapture(model):
+        model(x)
+    recovered = captured(model, x)  # the one retry the message asks for succeeds
+    assert_same_values(fused, recovered, exact=False)
+
+
 def test_a_verified_module_run_by_torch_compile_is_refused_naming_compile_model() -> None:
     model, x = tiny_model(), torch.randn(2, 3, 32, 32)
     captured(model, x)  # verified eager: later forwards are read from the graph
