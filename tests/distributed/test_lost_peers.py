@@ -38,13 +38,20 @@ import torch
 from cl_streamkl.distributed.data_parallel import start_data_parallel, stop_data_parallel
 
 scenario, rank = sys.argv[1], int(os.environ["RANK"])
+
+
+def meet(stage):
+    """Wait for the other rank to reach ``stage`` (a file each rank writes), at most a minute."""
+    mark = os.path.join(sys.argv[3], f"{scenario}-{stage}-")
+    open(mark + str(rank), "w").close()
+    deadline = time.monotonic() + 60
+    while not os.path.exists(mark + str(1 - rank)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 # Both ranks meet here, imports done, before the group starts: on a loaded machine one rank's
 # imports can take longer than the short timeout, which would fail the start, not the scenario.
-ready = os.path.join(sys.argv[3], f"{scenario}-ready-")
-open(ready + str(rank), "w").close()
-deadline = time.monotonic() + 60
-while not os.path.exists(ready + str(1 - rank)) and time.monotonic() < deadline:
-    time.sleep(0.01)
+meet("ready")
 data_parallel = start_data_parallel("cpu", float(sys.argv[2]))
 model = data_parallel.wrap(torch.nn.Linear(4, 1))
 try:
@@ -53,6 +60,9 @@ try:
             time.sleep(2 * float(sys.argv[2]))  # past the timeout: rank 0 gives up, then this one finds it gone
         data_parallel.broadcast({"step": 1})
     else:
+        # Rank 1 dies only once rank 0 has its wrapped model too: dying during rank 0's wrap (its
+        # broadcast of the weights) is another scenario, which a loaded machine would otherwise run.
+        meet("wrapped")
         if rank == 1:
             os._exit(0)
         with data_parallel.peers_checked("training"):
