@@ -16,7 +16,8 @@ DEPRECATED_OPTIONS = {"--alpha": "alpha", "--temperature": "temperature", "--lay
 
 
 def flag_name(field_name: str) -> str:
-    """``experiences`` → ``--experiences``; ``batch_size`` → ``--batch-size``; ``alpha`` → ``--streamkl-alpha``."""
+    """A field's option: ``experiences`` → ``--experiences``; ``batch_size`` → ``--batch-size``;
+    ``alpha`` → ``--streamkl-alpha``."""
     return "--" + OPTION_NAMES.get(field_name, field_name).replace("_", "-")
 
 

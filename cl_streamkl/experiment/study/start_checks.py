@@ -3,9 +3,10 @@
 ``--out`` must be a new or empty folder, or a study's (it holds a ``plan.json`` of this plan):
 a folder of a user's notes and data is never written into. ``--json`` overwrites only a study
 report of this plan, ``--archive`` only a study archive of this plan. The default folder,
-``runs/study-<regime>``, stays below the working directory. ``--device cuda`` needs a GPU, and the
-plan's data must load and its model build, before the plan is written. While a start writes, it holds ``--out``'s lock (the lock of
-``cl-streamkl run``): a second start on the same folder is refused at once.
+``runs/study-<regime>``, stays below the working directory. ``--device cuda`` needs a GPU, and
+the plan's data must load and its model build, before the plan is written. While a start
+writes, it holds ``--out``'s lock (the lock of ``cl-streamkl run``): a second start on the same
+folder is refused at once.
 """
 
 from __future__ import annotations
