@@ -15,8 +15,8 @@ from cli_helpers import one_line_error
 
 from cl_streamkl.experiment import cli
 from cl_streamkl.experiment.config import ExperimentConfig
-from cl_streamkl.experiment.option_aliases import DEPRECATED_OPTIONS, flag_name
 from cl_streamkl.experiment.config_file import read_config_file
+from cl_streamkl.experiment.option_aliases import DEPRECATED_OPTIONS, flag_name
 
 CONTROL_OPTIONS = {"--help", "--config", "--resume", "--log", "--no-progress", "--dist-timeout"}
 

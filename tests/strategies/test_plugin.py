@@ -228,5 +228,6 @@ def test_plugin_refuses_a_model_cast_after_its_snapshot() -> None:
     plugin.after_training_exp(strategy)
     model.to(torch.bfloat16)
     strategy.mb_x = strategy.mb_x.to(torch.bfloat16)
-    with pytest.raises(ValueError, match="the model is torch.bfloat16 on cpu but its teacher snapshot is torch.float32"):
+    expected = "the model is torch.bfloat16 on cpu but its teacher snapshot is torch.float32"
+    with pytest.raises(ValueError, match=expected):
         plugin.before_forward(strategy)

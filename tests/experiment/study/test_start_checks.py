@@ -112,7 +112,8 @@ def test_an_archive_path_holding_a_users_file_is_not_overwritten(tmp_path, capsy
 
 def test_a_users_own_tar_gz_or_another_plans_archive_is_not_overwritten(tmp_path, capsys):
     """A real .tar.gz (a dataset's release, a backup) or another plan's archive is no archive of this study."""
-    plan, other = (write_plan(tmp_path / f"{n}.yaml", tiny_plan(val_seeds=s)) for n, s in (("a", [7, 8]), ("b", [5, 6])))
+    plan = write_plan(tmp_path / "a.yaml", tiny_plan(val_seeds=[7, 8]))
+    other = write_plan(tmp_path / "b.yaml", tiny_plan(val_seeds=[5, 6]))
     release = tmp_path / "cifar-10-python.tar.gz"
     with tarfile.open(release, "w:gz") as packed:
         packed.add(plan, arcname="cifar-10-batches-py/data_batch_1")
