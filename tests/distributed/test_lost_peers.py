@@ -29,6 +29,9 @@ pytestmark = pytest.mark.distributed
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 1
+# The dying rank's peer learns of it from the closed connection, not the timeout; a long one keeps a
+# loaded machine's slow rank within DistributedDataParallel's start (several collectives) on time.
+DIES_TIMEOUT_S = 60
 # Two processes' imports on two shared cores, the timeout, and plenty to spare.
 DEADLINE_S = 120
 
@@ -53,13 +56,13 @@ def meet(stage):
 # imports can take longer than the short timeout, which would fail the start, not the scenario.
 meet("ready")
 data_parallel = start_data_parallel("cpu", float(sys.argv[2]))
-model = data_parallel.wrap(torch.nn.Linear(4, 1))
 try:
     if scenario == "hangs":
         if rank == 1:
             time.sleep(2 * float(sys.argv[2]))  # past the timeout: rank 0 gives up, then this one finds it gone
         data_parallel.broadcast({"step": 1})
     else:
+        model = data_parallel.wrap(torch.nn.Linear(4, 1))
         # Rank 1 dies only once rank 0 has its wrapped model too: dying during rank 0's wrap (its
         # broadcast of the weights) is another scenario, which a loaded machine would otherwise run.
         meet("wrapped")
@@ -94,10 +97,10 @@ def outcomes(tmp_path_factory) -> dict[str, list[dict]]:
     script = folder / "rank.py"
     script.write_text(RANK)
     launches = {}
-    for scenario in ("hangs", "dies"):
+    for scenario, timeout in (("hangs", TIMEOUT_S), ("dies", DIES_TIMEOUT_S)):
         port = _free_port()
         launches[scenario] = [
-            subprocess.Popen([sys.executable, str(script), scenario, str(TIMEOUT_S), str(folder)], cwd=REPOSITORY,
+            subprocess.Popen([sys.executable, str(script), scenario, str(timeout), str(folder)], cwd=REPOSITORY,
                              env=_environment(rank, port), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for rank in (0, 1)]
     found = {}
