@@ -97,8 +97,12 @@ def outcomes(tmp_path_factory) -> dict[str, list[dict]]:
     script = folder / "rank.py"
     script.write_text(RANK)
     launches = {}
-    for scenario, timeout in (("hangs", TIMEOUT_S), ("dies", DIES_TIMEOUT_S)):
-        port = _free_port()
+    # Both ports held at once, so the two launches cannot be given the same one.
+    with socket.socket() as first, socket.socket() as second:
+        first.bind(("127.0.0.1", 0))
+        second.bind(("127.0.0.1", 0))
+        ports = first.getsockname()[1], second.getsockname()[1]
+    for (scenario, timeout), port in zip((("hangs", TIMEOUT_S), ("dies", DIES_TIMEOUT_S)), ports):
         launches[scenario] = [
             subprocess.Popen([sys.executable, str(script), scenario, str(timeout), str(folder)], cwd=REPOSITORY,
                              env=_environment(rank, port), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -112,7 +116,8 @@ def outcomes(tmp_path_factory) -> dict[str, list[dict]]:
             finally:
                 process.kill()
             lines = stdout.strip().splitlines()
-            found[scenario].append(json.loads(lines[-1]) if lines else {"stderr": stderr[-2000:]})
+            found[scenario].append(json.loads(lines[-1]) if lines else
+                                   {"status": process.returncode, "stderr": stderr[-2000:]})
     return found
 
 
