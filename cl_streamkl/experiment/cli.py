@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from cl_streamkl.distributed.data_parallel import DIST_TIMEOUT_S
 from cl_streamkl.distributed.lost_peers import LostPeerError
 from cl_streamkl.experiment.config import LOGGERS, ExperimentConfig, Flag, describe_model, flags
-from cl_streamkl.experiment.config_checks import suggest
+from cl_streamkl.experiment.config_checks import suggest_option
 from cl_streamkl.experiment.data.errors import DataError
 from cl_streamkl.experiment.files import OutputWriteError
 from cl_streamkl.experiment.interrupts import exit_status, sigterm_raises, stopped_by
@@ -85,7 +85,11 @@ def quiet_third_party_warnings() -> None:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors that suggest the closest option for a misspelt one."""
+    """argparse with one-line errors that suggest the option meant, and no abbreviated options."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # The sub-parsers are made by this class too.
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
 
     def error(self, message: str) -> NoReturn:
         if message.startswith("unrecognized arguments: "):
@@ -93,8 +97,7 @@ class _Parser(argparse.ArgumentParser):
             parsers = [self, *(p for a in self._actions if isinstance(a, argparse._SubParsersAction)
                                for p in a.choices.values())]
             options = [o for parser in parsers for action in parser._actions for o in action.option_strings]
-            # Flags share their "--", which lifts every ratio: ask for closer matches.
-            message += suggest(unknown.partition("=")[0], options, cutoff=0.75)
+            message += suggest_option(unknown.partition("=")[0], options)
         _print_error(f"{message} (see {self.prog} --help)")
         sys.exit(2)
 
@@ -232,7 +235,7 @@ def _config_from_args(args: argparse.Namespace, base: ExperimentConfig | None = 
 
 def _file_defaults(argv: Sequence[str]) -> ExperimentConfig | None:
     """The configuration named by ``--config`` (its ``out`` dropped), or None."""
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     pre.add_argument("--config")
     known, _ = pre.parse_known_args(argv)
     if known.config is None:

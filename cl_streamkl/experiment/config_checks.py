@@ -41,7 +41,23 @@ def suggest(word: str, candidates: Iterable[str], cutoff: float = 0.6) -> str:
     ``cutoff`` is difflib's similarity ratio a candidate needs (0 to 1).
     """
     close = difflib.get_close_matches(word, list(candidates), n=3, cutoff=cutoff)
-    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+    return _did_you_mean(close)
+
+
+def suggest_option(word: str, options: Iterable[str]) -> str:
+    """``" (did you mean '--strategies'?)"`` for an unknown command-line option ``word`` (empty if none).
+
+    The options that begin with ``word`` (the parsers take no abbreviations: a prefix would
+    silently mean whichever option it begins), else the close ones.
+    """
+    options = list(options)
+    begun = [option for option in options if option.startswith(word)] if len(word) > 2 else []
+    # Flags share their "--", which lifts every ratio: closer matches are asked for.
+    return _did_you_mean(begun[:3]) if begun else suggest(word, options, cutoff=0.75)
+
+
+def _did_you_mean(words: list[str]) -> str:
+    return f" (did you mean {' or '.join(repr(w) for w in words)}?)" if words else ""
 
 
 def _describe(hint: Any) -> str:

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from cl_streamkl.capture.compiled_model import compile_model
+from cl_streamkl.capture.layers import LayerSpec, check_layer_spec, find_attention_modules, resolve_layer_indices
 from cl_streamkl.distributed.data_parallel import DataParallel, resolve_device
 from cl_streamkl.experiment.compiled_layers import compile_layers
 from cl_streamkl.experiment.config import ExperimentConfig, strategy_components
@@ -22,6 +23,7 @@ from cl_streamkl.experiment.data.names import check_class_split
 from cl_streamkl.experiment.data.registry import build_stream, load_splits
 from cl_streamkl.experiment.data.stream import ExperienceStream, LabeledSplits
 from cl_streamkl.experiment.model import build_model
+from cl_streamkl.experiment.option_aliases import field_label
 from cl_streamkl.experiment.template import autocast
 
 
@@ -55,6 +57,22 @@ def build_run_model(config: ExperimentConfig, stream: ExperienceStream, device: 
 
 def _forward(model: nn.Module, images: torch.Tensor, scenario: str) -> torch.Tensor:
     return model(images, 0) if scenario == "task" else model(images)
+
+
+def _check_layers(layers: LayerSpec, model: nn.Module) -> None:
+    """The distilled blocks against ``model``'s, named as the run's user gives them (option or key).
+
+    The plugin names its argument ``layers=``; a model without capturable attention is left to
+    the distillation's own check, which names the strategy.
+    """
+    try:
+        num_blocks = len(find_attention_modules(model))
+    except TypeError:
+        num_blocks = None
+    try:
+        check_layer_spec(layers) if num_blocks is None else resolve_layer_indices(layers, num_blocks)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{field_label('layers')}: {err}") from err
 
 
 def _check_distillation(strategy: str, name: str, plugin: object, model: nn.Module, images: torch.Tensor,
@@ -148,6 +166,8 @@ def check_experiment(config: ExperimentConfig, loggers: Sequence[str] = (),
             _forward(model, images, config.scenario)
     except RuntimeError as err:
         raise ValueError(f"{config.model} cannot run on {device} with --amp {config.amp}: {err}") from err
+    if any(strategy_components(s, config.scenario) & {"streamkl", "pad"} for s in config.strategies):
+        _check_layers(config.layers, model)
     for strategy in config.strategies:
         for name, plugin in build_plugins(strategy, config, stream, config.seeds[0]).items():
             if isinstance(plugin, AttentionDistillationPlugin):

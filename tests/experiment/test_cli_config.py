@@ -94,6 +94,7 @@ def test_old_keys_are_read_with_a_warning(tmp_path, capsys):
     # a field whose option has another name is named both ways, whichever key gave it
     ({"streamkl_alpha": -1}, "alpha (--streamkl-alpha) must be >= 0; got -1.0"),
     ({"layers": 1.5}, "layers (--streamkl-layers) must be a string or an integer or a list of integers; got 1.5"),
+    ({"streamkl_layers": 9, "strategies": ["streamkl"]}, "layers (--streamkl-layers): layers=9 selects the last n"),
 ])
 def test_bad_configuration_files_are_one_line_before_anything_is_written(tmp_path, capsys, settings, message):
     path = tmp_path / "settings.json"
@@ -159,6 +160,10 @@ def test_configuration_files_are_read_strictly(tmp_path, capsys, suffix, text, m
     (["--epochs", str(2**40)], "epochs must be at most 2**31 - 1"),
     (["--experiences", str(2**64)], "experiences must be at most 2**31 - 1"),
     (["--lrr", "0.1"], "unrecognized arguments: --lrr 0.1 (did you mean '--lr'?)"),
+    # No abbreviations: a prefix is refused, naming the options it begins.
+    (["--strat", "streamkl"], "unrecognized arguments: --strat streamkl (did you mean '--strategies'?)"),
+    (["--streamkl-temp=2"], "unrecognized arguments: --streamkl-temp=2 (did you mean '--streamkl-temperature'?)"),
+    (["--conf", "x.yaml"], "unrecognized arguments: --conf x.yaml (did you mean '--config'?)"),
     (["--epochs", "x"], "argument --epochs: invalid int value: 'x'"),
     (["--dist-timeout", "nan"], "argument --dist-timeout: must be > 0 and at most 604,800 seconds (a week); got nan"),
     (["--dist-timeout", "-1"], "argument --dist-timeout: must be > 0"),

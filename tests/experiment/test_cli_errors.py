@@ -34,9 +34,13 @@ from cl_streamkl.experiment import cli, runner
         (["--model-kwargs", "pretrained=True"], "would download weights, and nothing is downloaded here: pass a "
                                                 "local weights file with --pretrained-file"),
         # Found by building the model and running the penalty before anything is written:
-        (["--streamkl-layers", "7"], "strategy 'streamkl': streamkl cannot distil vit_tiny_patch16_224: layers=7 selects"),
-        (["--streamkl-layers", "0,9"], "layer index 9 is out of range for a model with 4 blocks"),
-        (["--strategies", "pad", "--streamkl-layers", "0,-5"], "strategy 'pad': pad cannot distil"),
+        # The blocks against the model's, named by option and key (the plugin's argument is layers=).
+        (["--streamkl-layers", "7"], "error: layers (--streamkl-layers): layers=7 selects the last n blocks and "
+                                     "needs 1 <= n <= 4"),
+        (["--streamkl-layers", "0"], "error: layers (--streamkl-layers): layers=0 selects the last n blocks"),
+        (["--streamkl-layers", "0,9"], "error: layers (--streamkl-layers): layer index 9 is out of range for a "
+                                       "model with 4 blocks"),
+        (["--strategies", "pad", "--streamkl-layers", "0,-5"], "error: layers (--streamkl-layers): layer index -5"),
         (["--streamkl-temperature", "1e-40"], "scale / temperature"),
         (["--scenario", "domain", "--experiences", "200"],
          "training samples, fewer than the 200 experiences (domains) each needs one of; set fewer experiences"),

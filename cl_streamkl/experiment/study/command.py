@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from cl_streamkl.experiment.config_checks import suggest_option
 from cl_streamkl.experiment.study import units as study_units
 from cl_streamkl.experiment.study.carry_checks import archive_records, report_records
 from cl_streamkl.experiment.study.files import StudyFileError, open_archive, read_json, unpack_archive, write_archive
@@ -70,7 +71,15 @@ See docs/study.md for the plan file's keys.
 
 
 class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors that suggest the option meant, and no abbreviated options."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
+
     def error(self, message: str) -> NoReturn:
+        if message.startswith("unrecognized arguments: "):
+            unknown = message.removeprefix("unrecognized arguments: ").split()[0]
+            message += suggest_option(unknown.partition("=")[0], self._option_string_actions)
         print(f"{PROG}: error: {message} (see {PROG} --help)", file=sys.stderr)
         sys.exit(2)
 

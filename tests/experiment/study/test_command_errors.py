@@ -191,3 +191,13 @@ def test_tables_need_readable_reports(tmp_path, capsys):
         main(["plan.yaml", "--part", "everything"])
     assert exit_info.value.code == 2
     assert one_line_error(capsys).startswith("cl-streamkl study: error: argument --part: invalid choice")
+
+
+@pytest.mark.parametrize("option, meant", [("--time-lim", "--time-limit"), ("--arch", "--archive"),
+                                           ("--timelimit", "--time-limit")])
+def test_an_abbreviated_or_misspelt_option_is_refused_naming_the_one_meant(capsys, option, meant):
+    """A prefix would otherwise run as whichever option it begins (``--arch`` as ``--archive``)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan.yaml", option, "5"])
+    assert exit_info.value.code == 2
+    assert f"error: unrecognized arguments: {option} 5 (did you mean '{meant}'?)" in one_line_error(capsys)
