@@ -374,7 +374,7 @@ class ExperimentConfig:
 
         Raises:
             ValueError: an unknown key (with the closest names), a key given twice, or
-                a value of the wrong type.
+                a value of the wrong type, outside its choices or range.
         """
         names = [f.name for f in dataclasses.fields(cls)]
         aliases = {**RENAMED_KEYS, **{option: name for name, option in OPTION_NAMES.items()}}
@@ -388,6 +388,9 @@ class ExperimentConfig:
             fields[name] = value
         config = cls(**fields)
         check_types(config, field_label)
+        # Each value's own range here too, so that a file's bad value is refused naming the file;
+        # what depends on several values waits for resolved(), after the flags are applied.
+        check_ranges(config, field_label)
         return config
 
 

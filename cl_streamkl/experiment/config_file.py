@@ -102,7 +102,8 @@ def read_config_file(path: str | Path) -> ExperimentConfig:
         ValueError: the file is missing or unreadable, is not JSON/YAML, gives a key twice
             (in any mapping), holds a YAML alias (``*name``), does not hold a
             mapping of settings, or has an unknown key (the message suggests close ones)
-            or a value of the wrong type; one line starting with the file's path.
+            or a value of the wrong type, outside its choices or range; one line starting
+            with the file's path.
     """
     path = Path(path)
     try:

@@ -92,7 +92,7 @@ def test_old_keys_are_read_with_a_warning(tmp_path, capsys):
     ({"out": None, "epochs": True}, "epochs must be an integer; got True"),
     ({"dataset": "cifar"}, "got 'cifar' (did you mean 'cifar10' or 'cifar100'?)"),
     # a field whose option has another name is named both ways, whichever key gave it
-    ({"streamkl_alpha": -1}, "alpha (--streamkl-alpha) must be >= 0; got -1.0"),
+    ({"streamkl_alpha": -1}, "settings.json: alpha (--streamkl-alpha) must be >= 0; got -1\n"),
     ({"layers": 1.5}, "layers (--streamkl-layers) must be a string or an integer or a list of integers; got 1.5"),
     ({"streamkl_layers": 9, "strategies": ["streamkl"]}, "layers (--streamkl-layers): layers=9 selects the last n"),
 ])
@@ -103,6 +103,17 @@ def test_bad_configuration_files_are_one_line_before_anything_is_written(tmp_pat
     assert cli.main(["run", "--config", str(path), "--out", str(out)]) == 2
     err = one_line_error(capsys)
     assert message in err
+    assert not out.exists()
+
+
+def test_a_files_value_out_of_its_range_is_refused_naming_the_file_whatever_the_flags(tmp_path, capsys):
+    """The file is what needs mending, even when a flag gives the run another value."""
+    path = tmp_path / "settings.yaml"
+    path.write_text("epochs: 1\nlr: 0\n")
+    out = tmp_path / "out"
+    for flags in ([], ["--lr", "0.1"]):
+        assert cli.main(["run", "--config", str(path), *flags, "--out", str(out)]) == 2
+        assert one_line_error(capsys) == f"cl-streamkl: error: {path}: lr must be > 0; got 0\n"
     assert not out.exists()
 
 
