@@ -70,7 +70,10 @@ def _check_layers(layers: LayerSpec, model: nn.Module) -> None:
     except TypeError:
         num_blocks = None
     try:
-        check_layer_spec(layers) if num_blocks is None else resolve_layer_indices(layers, num_blocks)
+        if num_blocks is None:
+            check_layer_spec(layers)
+        else:
+            resolve_layer_indices(layers, num_blocks)
     except (TypeError, ValueError) as err:
         raise ValueError(f"{field_label('layers')}: {err}") from err
 
