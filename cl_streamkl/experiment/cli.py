@@ -24,17 +24,17 @@ import warnings
 from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
 from cl_streamkl.distributed.data_parallel import DIST_TIMEOUT_S
 from cl_streamkl.distributed.lost_peers import LostPeerError
 from cl_streamkl.experiment.config import LOGGERS, ExperimentConfig, Flag, describe_model, flags
-from cl_streamkl.experiment.config_checks import suggest_option
 from cl_streamkl.experiment.data.errors import DataError
 from cl_streamkl.experiment.files import OutputWriteError
 from cl_streamkl.experiment.interrupts import exit_status, sigterm_raises, stopped_by
 from cl_streamkl.experiment.library_warnings import own_warnings_through
 from cl_streamkl.experiment.option_aliases import DEPRECATED_OPTIONS, DeprecatedOption, flag_name
+from cl_streamkl.experiment.option_parser import OptionParser
 from cl_streamkl.experiment.run_folder import after_lost_peer, claimed_folder, continue_with, refuse_used_folder
 from cl_streamkl.kernels.config import get_kernel_options
 
@@ -84,22 +84,11 @@ def quiet_third_party_warnings() -> None:
     warnings.filterwarnings("ignore", message="Grad strides do not match bucket view strides", category=UserWarning)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors that suggest the option meant, and no abbreviated options."""
+class _Parser(OptionParser):
+    """The parser whose errors print as the command's others do (rank-aware under torchrun)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        # The sub-parsers are made by this class too.
-        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
-
-    def error(self, message: str) -> NoReturn:
-        if message.startswith("unrecognized arguments: "):
-            unknown = message.removeprefix("unrecognized arguments: ").split()[0]
-            parsers = [self, *(p for a in self._actions if isinstance(a, argparse._SubParsersAction)
-                               for p in a.choices.values())]
-            options = [o for parser in parsers for action in parser._actions for o in action.option_strings]
-            message += suggest_option(unknown.partition("=")[0], options)
-        _print_error(f"{message} (see {self.prog} --help)")
-        sys.exit(2)
+    def report(self, message: str) -> None:
+        _print_error(message)
 
 
 def _version() -> str:

@@ -29,9 +29,6 @@ pytestmark = pytest.mark.distributed
 
 REPOSITORY = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 1
-# The dying rank's peer learns of it from the closed connection, not the timeout; a long one keeps a
-# loaded machine's slow rank within DistributedDataParallel's start (several collectives) on time.
-DIES_TIMEOUT_S = 60
 # Two processes' imports on two shared cores, the timeout, and plenty to spare.
 DEADLINE_S = 120
 
@@ -102,7 +99,9 @@ def outcomes(tmp_path_factory) -> dict[str, list[dict]]:
         first.bind(("127.0.0.1", 0))
         second.bind(("127.0.0.1", 0))
         ports = first.getsockname()[1], second.getsockname()[1]
-    for (scenario, timeout), port in zip((("hangs", TIMEOUT_S), ("dies", DIES_TIMEOUT_S)), ports):
+    # The dying rank's peer learns of it from the closed connection, not the timeout: a long one
+    # keeps a loaded machine's slow rank within DistributedDataParallel's start (several collectives).
+    for (scenario, timeout), port in zip((("hangs", TIMEOUT_S), ("dies", 60)), ports):
         launches[scenario] = [
             subprocess.Popen([sys.executable, str(script), scenario, str(timeout), str(folder)], cwd=REPOSITORY,
                              env=_environment(rank, port), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

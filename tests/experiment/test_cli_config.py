@@ -171,10 +171,6 @@ def test_configuration_files_are_read_strictly(tmp_path, capsys, suffix, text, m
     (["--epochs", str(2**40)], "epochs must be at most 2**31 - 1"),
     (["--experiences", str(2**64)], "experiences must be at most 2**31 - 1"),
     (["--lrr", "0.1"], "unrecognized arguments: --lrr 0.1 (did you mean '--lr'?)"),
-    # No abbreviations: a prefix is refused, naming the options it begins.
-    (["--strat", "streamkl"], "unrecognized arguments: --strat streamkl (did you mean '--strategies'?)"),
-    (["--streamkl-temp=2"], "unrecognized arguments: --streamkl-temp=2 (did you mean '--streamkl-temperature'?)"),
-    (["--conf", "x.yaml"], "unrecognized arguments: --conf x.yaml (did you mean '--config'?)"),
     (["--epochs", "x"], "argument --epochs: invalid int value: 'x'"),
     (["--dist-timeout", "nan"], "argument --dist-timeout: must be > 0 and at most 604,800 seconds (a week); got nan"),
     (["--dist-timeout", "-1"], "argument --dist-timeout: must be > 0"),
@@ -186,6 +182,17 @@ def test_bad_values_are_one_line_before_anything_is_written(tmp_path, capsys, ar
     out = tmp_path / "out"
     assert cli.main(["run", "--out", str(out), *args]) == 2
     assert message in one_line_error(capsys)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args, meant", [
+    (["--strat", "streamkl"], "--strategies"), (["--streamkl-temp=2"], "--streamkl-temperature"),
+    (["--conf", "x.yaml"], "--config")])
+def test_a_prefix_of_an_option_is_refused_naming_the_options_it_begins(tmp_path, capsys, args, meant):
+    """No abbreviations: a prefix would run as whichever option it begins."""
+    out = tmp_path / "out"
+    assert cli.main(["run", "--out", str(out), *args]) == 2
+    assert f"unrecognized arguments: {' '.join(args)} (did you mean '{meant}'?)" in one_line_error(capsys)
     assert not out.exists()
 
 

@@ -30,9 +30,9 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
-from cl_streamkl.experiment.config_checks import suggest_option
+from cl_streamkl.experiment.option_parser import OptionParser
 from cl_streamkl.experiment.study import units as study_units
 from cl_streamkl.experiment.study.carry_checks import archive_records, report_records
 from cl_streamkl.experiment.study.files import StudyFileError, open_archive, read_json, unpack_archive, write_archive
@@ -68,20 +68,6 @@ units from a committed report; --max-unfinished bounds the checkpoints an archiv
 processes share a GPU (under NVIDIA MPS if it runs); --gpus spreads them over GPUs.
 See docs/study.md for the plan file's keys.
 """
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors that suggest the option meant, and no abbreviated options."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
-
-    def error(self, message: str) -> NoReturn:
-        if message.startswith("unrecognized arguments: "):
-            unknown = message.removeprefix("unrecognized arguments: ").split()[0]
-            message += suggest_option(unknown.partition("=")[0], self._option_string_actions)
-        print(f"{PROG}: error: {message} (see {PROG} --help)", file=sys.stderr)
-        sys.exit(2)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -131,7 +117,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = _Parser(prog=PROG, description=_DESCRIPTION, epilog=_EPILOG,
+    parser = OptionParser(prog=PROG, description=_DESCRIPTION, epilog=_EPILOG,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)
     return parser.parse_args(argv)
