@@ -9,11 +9,12 @@ import pytest
 
 from cl_streamkl.experiment import cli
 from cl_streamkl.experiment.config import ExperimentConfig
-from cl_streamkl.experiment.study.command import PROG, _Parser, add_arguments
+from cl_streamkl.experiment.option_parser import OptionParser
+from cl_streamkl.experiment.study.command import PROG, add_arguments
 
 
 def _study_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog=PROG)
+    parser = OptionParser(prog=PROG)
     add_arguments(parser)
     return parser
 
